@@ -1,0 +1,1 @@
+"""Model loading and small models trained from scratch."""

