@@ -1,0 +1,1 @@
+"""One folder per method; each has ``recipes/*.yaml`` that ``reprlab recipes`` discovers."""

@@ -1,0 +1,103 @@
+"""Recipe discovery: every ``methods/<method>/recipes/<name>.yaml`` is a runnable recipe.
+
+A recipe YAML holds ``description``, ``entry`` (the module defining ``Config``, ``run`` and optionally
+``report_sections``), optional ``demo`` overrides for the short variant used by ``reprlab demo``, and
+``config`` (composes the entry's ``Config``). Discovery reads YAML only, so listing recipes imports no torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+METHODS_DIR = Path(__file__).resolve().parent / "methods"
+REQUIRED_KEYS = ("description", "entry", "config")
+KNOWN_KEYS = (*REQUIRED_KEYS, "demo", "demo_order")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    description: str
+    entry: str
+    config: dict[str, Any]
+    demo: tuple[str, ...] = ()
+    demo_order: int | None = None
+
+    @property
+    def method(self) -> str:
+        return self.path.parent.parent.name
+
+    def module(self) -> ModuleType:
+        try:
+            mod = importlib.import_module(self.entry)
+        except ImportError as err:
+            raise ImportError(f"recipe {self.name} ({self.path}): cannot import entry {self.entry!r}: {err}") from err
+        for attr in ("Config", "run"):
+            if not hasattr(mod, attr):
+                raise AttributeError(f"recipe {self.name}: entry module {self.entry} defines no {attr!r}")
+        return mod
+
+    def build_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+        from reprlab.config import load_config
+
+        return load_config(self.module().Config, self.config, overrides)
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    """Parse and validate one recipe YAML; errors name the file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"recipe file {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"recipe file {path} must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    unknown = [k for k in data if k not in KNOWN_KEYS]
+    if missing or unknown:
+        raise ValueError(f"recipe file {path}: missing keys {missing}, unknown keys {unknown}; valid: {KNOWN_KEYS}")
+    return Recipe(
+        name=path.stem, path=path, description=str(data["description"]).strip(), entry=data["entry"],
+        config=data["config"] or {}, demo=tuple(data.get("demo") or ()), demo_order=data.get("demo_order"),
+    )  # fmt: skip
+
+
+def all_recipes(methods_dir: Path = METHODS_DIR) -> dict[str, Recipe]:
+    """Every recipe found, by name."""
+    out: dict[str, Recipe] = {}
+    for path in sorted(methods_dir.glob("*/recipes/*.yaml")):
+        recipe = load_recipe_file(path)
+        if recipe.name in out:
+            raise ValueError(f"recipe name {recipe.name} is defined twice: {out[recipe.name].path} and {path}")
+        out[recipe.name] = recipe
+    return out
+
+
+def get_recipe(name: str) -> Recipe:
+    """Find a recipe by name, or by path to a YAML file."""
+    if name.endswith((".yaml", ".yml")) and Path(name).exists():
+        return load_recipe_file(Path(name))
+    recipes = all_recipes()
+    if name not in recipes:
+        close = difflib.get_close_matches(name, list(recipes), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"unknown recipe {name!r}.{hint} Available: {', '.join(sorted(recipes))}")
+    return recipes[name]
+
+
+def recipe_name_of_run(run_dir: Path) -> str | None:
+    """The recipe a run folder was made by, from the first line of its config.yaml."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        return None
+    first = path.read_text(encoding="utf-8").splitlines()[:1]
+    if first and first[0].startswith("# recipe:"):
+        return first[0].split(":", 1)[1].strip()
+    return None

@@ -1,0 +1,1 @@
+"""Training utilities shared by the methods: seeding, schedules, progress bars, distributed helpers."""
