@@ -7,6 +7,7 @@ about 0.95-0.98 after a few epochs, which the test suite uses as a sanity bound.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,13 +23,12 @@ from reprlab.train.seed import generator
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = field(default=6, metadata={"help": "passes over the training split"})
+    epochs: int = field(default=10, metadata={"help": "passes over the training split"})
     batch_size: int = field(default=64, metadata={"help": "examples per step"})
     lr: float = field(default=3e-3, metadata={"help": "AdamW peak learning rate"})
     weight_decay: float = field(default=1e-4, metadata={"help": "AdamW weight decay"})
     warmup_steps: int = field(default=10, metadata={"help": "linear warm-up steps"})
     checkpoint_every: int = field(default=20, metadata={"help": "steps between checkpoints"})
-    stop_after: int = field(default=-1, metadata={"help": "testing aid: raise after this many steps (-1 never)"})
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,10 @@ class Config:
 
 
 class Interrupted(RuntimeError):
-    """Raised by ``train.stop_after`` to simulate a killed run in tests."""
+    """Raised when ``REPRLAB_SMOKE_STOP_AFTER`` is set, to simulate a killed run in tests.
+
+    An environment variable rather than a config key, because a resumed run must have the same config.
+    """
 
 
 def _data(cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,6 +70,7 @@ def run(cfg: Config, run: Run) -> dict:
     if run.resume and (state := run.load_checkpoint({"model": model}, {"opt": opt})) is not None:
         step, extra = state
         sched.load_state_dict(extra["scheduler"])
+    stop_after = int(os.environ["REPRLAB_SMOKE_STOP_AFTER"]) if os.environ.get("REPRLAB_SMOKE_STOP_AFTER") else None
     order_gen = generator(cfg.seed + 1)
     orders = [torch.randperm(len(xtr), generator=order_gen) for _ in range(cfg.train.epochs)]
     for global_step in run.progress(range(step, total), total=total - step, desc="smoke-digits"):
@@ -85,8 +89,8 @@ def run(cfg: Config, run: Run) -> dict:
                     acc = (model(xte).argmax(-1) == yte).float().mean().item()
                 run.log(step, test_acc=acc)
             run.save_checkpoint(step, {"model": model}, {"opt": opt}, extra={"scheduler": sched.state_dict()})
-        if cfg.train.stop_after >= 0 and step >= cfg.train.stop_after:
-            raise Interrupted(f"stopped after step {step} (train.stop_after)")
+        if stop_after is not None and step >= stop_after:
+            raise Interrupted(f"stopped after step {step} (REPRLAB_SMOKE_STOP_AFTER)")
     with torch.no_grad():
         logits = model(xte)
     acc = (logits.argmax(-1) == yte).float().mean().item()

