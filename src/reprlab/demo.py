@@ -92,7 +92,6 @@ def build_demo_report(out: Path) -> tuple[Path, Path]:
         for child in run_sections(run_dir):
             if child.title in ("Config", "Environment"):
                 continue
-            child.level = 1  # rendered one level below the recipe's heading
             sec.children.append(child)
         sections.append(sec)
     return render(sections, "reprlab demo: every method's short recipe", out)
