@@ -1,0 +1,101 @@
+"""Evaluation: zero-shot top-1, linear probe, attack success rates (brief §3), for any model exposing
+``encode_image(float (B, C, H, W)) -> ImageFeatures`` and ``encode_text(ids, mask) -> TextFeatures``.
+
+* Zero-shot [CLIP]: class embedding w_c = normalised mean of the normalised prompt-template embeddings;
+  predict argmax_c cos(u(x), w_c).
+* Linear probe [CLIP/RoCLIP protocol]: scikit-learn ``LogisticRegression(C, max_iter)`` on frozen,
+  normalised global image embeddings, fitted on train items, scored on test items.
+* ASR_targeted: share of target images predicted as their target class.
+* ASR_backdoor: share of triggered test images of true class != target predicted as the target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.linear_model import LogisticRegression
+
+from reprlab.methods.otcclip.mosaic import LabeledSet
+from reprlab.methods.otcclip.poison import TargetSet, apply_trigger
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+
+
+def to_input(images: torch.Tensor) -> torch.Tensor:
+    """``uint8 (B, C, H, W)`` -> float in [-1, 1]."""
+    return images.float() / 127.5 - 1.0
+
+
+class _EvalMode:
+    def __init__(self, model):
+        self.model, self.was_training = model, model.training
+
+    def __enter__(self):
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def embed_images(model, images: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """Global image embeddings ``(N, d)`` (normalised) of ``uint8 (N, C, H, W)`` images."""
+    dev, out = _device(model), []
+    with _EvalMode(model):
+        for s in range(0, len(images), batch_size):
+            out.append(model.encode_image(to_input(images[s : s + batch_size]).to(dev)).global_.cpu())
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def embed_texts(model, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    """Global caption embeddings ``(N, d)`` of ``ids/mask (N, pos)``."""
+    dev, out = _device(model), []
+    with _EvalMode(model):
+        for s in range(0, len(ids), batch_size):
+            out.append(model.encode_text(ids[s : s + batch_size].to(dev), mask[s : s + batch_size].to(dev)).global_.cpu())
+    return torch.cat(out)
+
+
+def class_embeddings(model, tokenizer: WordTokenizer, prompts: list[list[str]], max_len: int) -> torch.Tensor:
+    """Prompt-ensembled class embeddings ``(K, d)`` from ``prompts[class][template]``."""
+    k, t = len(prompts), len(prompts[0])
+    ids, mask = tokenizer.encode([p for row in prompts for p in row], max_len)
+    emb = embed_texts(model, ids, mask).view(k, t, -1)
+    return F.normalize(emb.mean(1), dim=-1)
+
+
+def predict(model, images: torch.Tensor, class_emb: torch.Tensor) -> torch.Tensor:
+    """Zero-shot class ids ``(N,)``."""
+    return (embed_images(model, images) @ class_emb.T).argmax(1)
+
+
+def zero_shot_accuracy(model, test: LabeledSet, class_emb: torch.Tensor) -> float:
+    return float((predict(model, test.images, class_emb) == test.labels).float().mean())
+
+
+def linear_probe_accuracy(model, train: LabeledSet, test: LabeledSet, c: float = 1.0, max_iter: int = 1000) -> float:
+    """Logistic regression on frozen normalised embeddings (C and max_iter documented in the config)."""
+    xtr, xte = embed_images(model, train.images).numpy(), embed_images(model, test.images).numpy()
+    clf = LogisticRegression(C=c, max_iter=max_iter)
+    clf.fit(xtr, train.labels.numpy())
+    return float(np.mean(clf.predict(xte) == test.labels.numpy()))
+
+
+def asr_targeted(model, targets: TargetSet, class_emb: torch.Tensor) -> float:
+    """(1/T) sum_t 1[argmax_c cos(u(x_t), w_c) = y_t]."""
+    return float((predict(model, targets.images, class_emb) == targets.target).float().mean())
+
+
+def asr_backdoor(model, test: LabeledSet, target_class: int, trigger: str, seed: int, class_emb: torch.Tensor,
+                 patch: int = 8) -> float:
+    """Share of triggered test images of true class != target that are classified as the target."""
+    keep = test.labels != target_class
+    if not keep.any():
+        raise ValueError("backdoor ASR needs test images whose class is not the target")
+    triggered = apply_trigger(test.images[keep], trigger, seed, patch)
+    return float((predict(model, triggered, class_emb) == target_class).float().mean())

@@ -1,0 +1,110 @@
+"""Caption re-matching: OTCCLIP's OT re-ranking and RoCLIP's nearest-neighbour matching.
+
+OTCCLIP (brief §1.1, all details ours): for each image i, take the top-k captions by global cosine from
+the pool (current global batch + FIFO bank, captions stored with their token features), score
+S_ij = alpha cos(u_i, w_j) - (1 - alpha) D(V_i, T_j) with D the entropic OT distance between patch and
+token features, and assign pi(i) = argmax_j S_ij. No gradient flows through matching.
+
+RoCLIP [``BigML-CS-UCLA/RoCLIP``]: each image's caption embedding is replaced by the caption embedding in
+the bank with maximum cosine to the image embedding; the bank is queried before the batch is enqueued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reprlab.methods.otcclip.losses import OTConfig, ot_distances
+
+
+class CaptionBank(nn.Module):
+    """FIFO bank of captions with their detached features, kept as buffers so checkpoints carry it.
+
+    Args:
+        capacity: number of captions kept.
+        max_len: ``pos`` of stored token ids.
+        dim: joint embedding ``d``.
+    """
+
+    def __init__(self, capacity: int, max_len: int, dim: int):
+        super().__init__()
+        self.capacity = capacity
+        self.register_buffer("ids", torch.zeros(capacity, max_len, dtype=torch.long))
+        self.register_buffer("mask", torch.zeros(capacity, max_len, dtype=torch.bool))
+        self.register_buffer("global_", torch.zeros(capacity, dim))
+        self.register_buffer("tokens", torch.zeros(capacity, max_len, dim))
+        self.register_buffer("sig", torch.full((capacity,), -1, dtype=torch.long))
+        self.register_buffer("poison", torch.zeros(capacity, dtype=torch.bool))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    def __len__(self) -> int:
+        return int(self.count)
+
+    @torch.no_grad()
+    def enqueue(self, ids, mask, global_, tokens, sig, poison) -> None:
+        """Append a batch (oldest entries are overwritten); all arguments have leading dim ``batch``."""
+        n = min(len(ids), self.capacity)
+        ids, mask, global_, tokens, sig, poison = (t[-n:] for t in (ids, mask, global_, tokens, sig, poison))
+        slots = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.capacity
+        pos = ids.shape[1]
+        self.ids[slots] = 0
+        self.mask[slots] = False
+        self.tokens[slots] = 0
+        self.ids[slots, :pos], self.mask[slots, :pos] = ids, mask
+        self.global_[slots], self.tokens[slots, :pos] = global_.detach(), tokens.detach()
+        self.sig[slots], self.poison[slots] = sig, poison
+        self.ptr.copy_((self.ptr + n) % self.capacity)
+        self.count.copy_(torch.clamp(self.count + n, max=self.capacity))
+
+    def entries(self) -> dict[str, torch.Tensor]:
+        """The filled part: dict of ``ids, mask, global_, tokens, sig, poison`` with leading dim ``len(self)``."""
+        n = len(self)
+        return {k: getattr(self, k)[:n] for k in ("ids", "mask", "global_", "tokens", "sig", "poison")}
+
+
+@dataclass
+class MatchResult:
+    """``index (batch,)`` into the pool; ``score (batch,)`` of the chosen caption; ``ot (batch, k)`` distances."""
+
+    index: torch.Tensor
+    score: torch.Tensor
+    ot: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def otc_rematch(image_global: torch.Tensor, patches: torch.Tensor, pool_global: torch.Tensor,
+                pool_tokens: torch.Tensor, pool_mask: torch.Tensor, top_k: int, alpha: float,
+                ot: OTConfig, patch_mask: torch.Tensor | None = None) -> MatchResult:
+    """OTCCLIP re-matching.
+
+    Args:
+        image_global: ``(batch, d)`` normalised u_i.
+        patches: ``(batch, n, d)`` normalised patch features V_i.
+        pool_global: ``(P, d)`` caption embeddings w_j; pool_tokens ``(P, m, d)``; pool_mask ``bool (P, m)``.
+        top_k: shortlist size k (clipped to P).
+        alpha: weight of the global cosine against the OT distance.
+        ot: solver settings.
+        patch_mask: optional ``bool (batch, n)``.
+    """
+    batch, n, d = patches.shape
+    k = min(top_k, len(pool_global))
+    sims = image_global @ pool_global.T  # [batch, P]
+    top_sim, top_idx = sims.topk(k, dim=1)  # [batch, k]
+    x = patches[:, None].expand(batch, k, n, d).reshape(batch * k, n, d)
+    xm = None if patch_mask is None else patch_mask[:, None].expand(batch, k, n).reshape(batch * k, n)
+    flat = top_idx.reshape(-1)
+    dist = ot_distances(x, pool_tokens[flat], xm, pool_mask[flat], ot).view(batch, k)
+    score = alpha * top_sim - (1 - alpha) * dist
+    best = score.argmax(dim=1)
+    rows = torch.arange(batch, device=best.device)
+    return MatchResult(top_idx[rows, best], score[rows, best], dist)
+
+
+@torch.no_grad()
+def nn_rematch(image_global: torch.Tensor, pool_global: torch.Tensor) -> MatchResult:
+    """RoCLIP: the pool caption with maximum cosine to each image. ``(batch, d)``, ``(P, d)`` -> index ``(batch,)``."""
+    score, index = (image_global @ pool_global.T).max(dim=1)
+    return MatchResult(index, score)

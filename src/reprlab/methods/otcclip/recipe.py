@@ -1,0 +1,279 @@
+"""otcclip-*: one poisoned image-caption dataset, four defenses trained side by side, one comparison.
+
+Setup -> train -> evaluate -> report:
+
+1. Data [ours]: Fashion-MNIST mosaics with compositional captions (``mosaic``), plus targeted poisons
+   (held-out test-split targets x N natural captions naming a wrong class) and a BadNets/blended backdoor
+   (``poison``), at rates far above web scale because the dataset is tiny (brief §6).
+2. Train the same tiny CLIP from the same initialisation under each defense (``trainer``); each epoch
+   is checkpointed under the defense's tag and a finished defense is a run stage, so ``--resume``
+   continues where a run stopped.
+3. Evaluate zero-shot (prompt ensemble), linear probe, ASR_targeted, ASR_backdoor (brief §3) and, for the
+   matching defenses, re-matching quality of the last matching epoch.
+4. ``report_sections`` rebuilds the table and plots from the saved files only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
+from reprlab.methods.otcclip import evaluate as ev
+from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.mosaic import (
+    BACKDOOR,
+    TARGETED,
+    LabeledSet,
+    PairSet,
+    SignatureIndex,
+    class_prompts,
+    make_mosaics,
+    make_single_items,
+)
+from reprlab.methods.otcclip.poison import TargetSet, add_backdoor, add_targeted
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.trainer import DEFENSES, DefenseConfig, TrainConfig, Trainer
+from reprlab.report import Section
+from reprlab.runs import Run
+from reprlab.train.seed import seed_everything
+
+# Fashion-MNIST index ranges [ours]: mosaics draw from train[:50000], the linear probe trains on
+# train[50000:], evaluation uses test[:5000] and targets come from test[5000:], so no target image is
+# ever trained on (except as a poison) or evaluated as a clean item.
+MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = slice(0, 50000), slice(50000, 60000), slice(0, 5000), slice(5000, 10000)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
+    min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
+    max_items: int = field(default=4, metadata={"help": "most items per mosaic (<= 4)"})
+    tint: bool = field(default=False, metadata={"help": "colour items and name the colour (3 channels)"})
+    n_targets: int = field(default=4, metadata={"help": "targeted-poison target images T"})
+    captions_per_target: int = field(default=25, metadata={"help": "poison captions per target N"})
+    backdoor_pairs: int = field(default=60, metadata={"help": "backdoored training pairs M"})
+    backdoor_target: str = field(default="bag", metadata={"help": "backdoor target class name"})
+    trigger: str = field(default="badnets", metadata={"help": "'badnets' (8x8 corner patch) or 'blended'"})
+    n_eval: int = field(default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"})
+    n_probe_train: int = field(default=2000, metadata={"help": "single train items the linear probe fits on"})
+    probe_c: float = field(default=1.0, metadata={"help": "LogisticRegression C"})
+    probe_max_iter: int = field(default=1000, metadata={"help": "LogisticRegression max_iter"})
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = field(default=0, metadata={"help": "seed for data, poisons, init and order"})
+    device: str = field(default="auto", metadata={"help": "'auto', 'cpu' or 'cuda'"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch default)"})
+    defenses: tuple[str, ...] = field(default=DEFENSES, metadata={"help": "defenses to train, in order"})
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    defense: DefenseConfig = field(default_factory=DefenseConfig)
+
+
+@dataclass
+class Testbed:
+    pairs: PairSet
+    targets: TargetSet
+    eval_set: LabeledSet
+    probe_train: LabeledSet
+    backdoor_class: int
+
+
+def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
+    """The poisoned training set and the evaluation sets, deterministic from ``seed``."""
+    if cfg.backdoor_target not in FASHION_MNIST_CLASSES:
+        raise ValueError(f"backdoor_target {cfg.backdoor_target!r} is not one of {FASHION_MNIST_CLASSES}")
+    if not 1 <= cfg.n_eval <= 5000:
+        raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
+    x, y = fashion_mnist("train")
+    xt, yt = fashion_mnist("test")
+    sigs = SignatureIndex()
+    pairs = make_mosaics(cfg.n_pairs, seed, cfg.min_items, cfg.max_items, cfg.tint,
+                         source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]), signatures=sigs)
+    pairs, targets = add_targeted(pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets,
+                                  cfg.captions_per_target, seed + 1, cfg.tint)
+    backdoor_class = FASHION_MNIST_CLASSES.index(cfg.backdoor_target)
+    pairs = add_backdoor(pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs)
+    xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
+    xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
+    return Testbed(pairs, targets, make_single_items(xe, ye, seed + 3, cfg.tint),
+                   make_single_items(xp, yp, seed + 4, cfg.tint), backdoor_class)
+
+
+def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: bool) -> dict[str, float]:
+    """Zero-shot, ASRs and (optionally, it is the slow one) the linear probe."""
+    class_emb = ev.class_embeddings(model, tok, class_prompts(), cfg.model.max_len)
+    out = {
+        "zeroshot_acc": ev.zero_shot_accuracy(model, bed.eval_set, class_emb),
+        "asr_targeted": ev.asr_targeted(model, bed.targets, class_emb),
+        "asr_backdoor": ev.asr_backdoor(model, bed.eval_set, bed.backdoor_class, cfg.data.trigger, cfg.seed + 2,
+                                        class_emb),
+    }
+    if probe:
+        out["linear_probe_acc"] = ev.linear_probe_accuracy(model, bed.probe_train, bed.eval_set, cfg.data.probe_c,
+                                                           cfg.data.probe_max_iter)
+    return out
+
+
+def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> dict:
+    """Train and evaluate one defense, resuming from its last epoch checkpoint."""
+    torch.manual_seed(cfg.seed)  # same initial weights for every defense
+    channels = bed.pairs.images.shape[1]
+    model = TinyCLIP(cfg.model, len(tok), channels).to(run.device)
+    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed)
+    start, history = 0, []
+    if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
+        start, extra = state
+        history, trainer.examples = extra["history"], extra["examples"]
+    for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
+        stats = trainer.run_epoch(epoch)
+        stats.update(evaluate_model(model, tok, bed, cfg, probe=False))
+        history.append(stats)
+        run.log(epoch, defense=defense, **stats)
+        run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
+        run.save_checkpoint(epoch + 1, trainer.modules(), trainer.optimizers(),
+                            extra={"history": history, "examples": trainer.examples}, tag=defense)
+    final = evaluate_model(model, tok, bed, cfg, probe=True)
+    matches = [h for h in history if "rematch_poison_moved" in h]
+    if matches:
+        final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
+        final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
+    splits = [h for h in history if "poison_in_risky" in h]
+    if splits:
+        final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
+    examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
+    return {"metrics": final, "examples": examples}
+
+
+def run(cfg: Config, run: Run) -> dict:
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    for d in cfg.defenses:
+        if d not in DEFENSES:
+            raise ValueError(f"unknown defense {d!r}; choose from {DEFENSES}")
+    seed_everything(cfg.seed)
+    bed = build_testbed(cfg.data, cfg.seed)
+    tok = WordTokenizer.from_texts(bed.pairs.captions)
+    if run.is_main:
+        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        tok.save(run.dir / "artifacts" / "tokenizer.json")
+    kinds = bed.pairs.kind
+    data_info = {
+        "n_pairs": len(bed.pairs), "n_clean": int((kinds == 0).sum()), "n_targeted": int((kinds == TARGETED).sum()),
+        "n_backdoor": int((kinds == BACKDOOR).sum()), "vocab": len(tok), "n_eval": len(bed.eval_set.labels),
+        "targets": [{"true": FASHION_MNIST_CLASSES[int(t)], "target": FASHION_MNIST_CLASSES[int(g)]}
+                    for t, g in zip(bed.targets.true, bed.targets.target)],
+        "backdoor_target": cfg.data.backdoor_target, "trigger": cfg.data.trigger,
+        "caption_examples": bed.pairs.captions[:5],
+    }
+    run.save_json("analysis/data.json", data_info)
+    summary: dict[str, float | int | str] = {"n_pairs": len(bed.pairs),
+                                              "poison_rate": float((kinds != 0).float().mean())}
+    results = {}
+    for defense in cfg.defenses:
+        res = run.stage(defense, lambda d=defense: train_defense(d, cfg, run, bed, tok))
+        results[defense] = res["metrics"]
+        run.save_json(f"analysis/examples_{defense}.json", res["examples"])
+        for key, value in res["metrics"].items():
+            summary[f"{defense}.{key}"] = value
+    run.save_json("analysis/results.json", results)
+    return summary
+
+
+# ---------------------------------------------------------------------- report
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def report_sections(run_dir: Path) -> list[Section]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "analysis" / "results.json").read_text())
+    data = json.loads((run_dir / "analysis" / "data.json").read_text())
+    defenses = list(results)
+    metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor", "rematch_poison_moved",
+               "rematch_clean_kept")
+    rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
+    sections = []
+    gate = results.get("none", {})
+    notes = [
+        f"Data [ours]: {data['n_clean']} Fashion-MNIST mosaic pairs with generated compositional captions, "
+        f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
+        f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). Real item images; the captions "
+        "and scenes are composed by us, not a web corpus.",
+        "Evaluation: single Fashion-MNIST test items, 10 classes (chance 0.10). ASR per RoCLIP/CleanCLIP "
+        "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
+        "kept on a same-content caption, in the last matching epoch [ours].",
+    ]
+    if gate:
+        attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
+        notes.append(f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
+                     f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
+                     f"zero-shot {gate['zeroshot_acc']:.2f} vs chance 0.10.")
+    sections.append(Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows))
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    x = np.arange(len(defenses))
+    for ax, keys, title in ((axes[0], ("asr_targeted", "asr_backdoor"), "attack success rate"),
+                            (axes[1], ("zeroshot_acc", "linear_probe_acc"), "clean accuracy")):
+        for j, k in enumerate(keys):
+            ax.bar(x + (j - 0.5) * 0.38, [results[d].get(k, np.nan) for d in defenses], 0.38, label=k)
+        ax.set_xticks(x, defenses)
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    sections.append(Section("ASR and accuracy per defense", figure=fig))
+
+    log = _read_jsonl(run_dir / "metrics.jsonl")
+    if log:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+        for d in defenses:
+            pts = [r for r in log if r.get("defense") == d]
+            for ax, k in zip(axes, ("zeroshot_acc", "asr_targeted", "asr_backdoor")):
+                ax.plot([r["epoch"] for r in pts], [r[k] for r in pts], marker="o", ms=3, label=d)
+                ax.set_title(k)
+                ax.set_xlabel("epoch")
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        sections.append(Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig))
+
+    for d in ("otcclip", "roclip"):
+        path = run_dir / "analysis" / f"examples_{d}.json"
+        examples = json.loads(path.read_text()) if path.exists() else []
+        if not examples:
+            continue
+        fig, axes = plt.subplots(1, len(examples), figsize=(2.4 * len(examples), 3.2), squeeze=False)
+        for ax, e in zip(axes[0], examples):
+            img = np.asarray(e["image"], dtype=np.uint8).transpose(1, 2, 0)
+            ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray")
+            ax.axis("off")
+            tag = {0: "clean", TARGETED: "targeted", BACKDOOR: "backdoor"}[e["kind"]]
+            ax.set_title(f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=5.5)
+        fig.tight_layout()
+        sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
+    return sections
+
+
+def _wrap(text: str, width: int = 34) -> str:
+    out, line = [], ""
+    for w in text.split():
+        if len(line) + len(w) + 1 > width:
+            out.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    return "\n".join([*out, line])

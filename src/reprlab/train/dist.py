@@ -1,0 +1,128 @@
+"""Distributed helpers for ``torchrun`` (DDP-style data parallelism on CPU/gloo or GPU/nccl).
+
+Contrastive losses need every rank's features, so features are gathered across ranks *with* gradient
+(open_clip's ``gather_with_grad``): every rank computes the same global loss, the gather's backward sums
+the gradient copies, and averaging parameter gradients over ranks (``average_gradients``) then yields
+exactly the single-process full-batch gradient. We average gradients explicitly instead of wrapping the
+model in ``DistributedDataParallel`` because trainers here call the encoders several times per step
+(views, re-encoded captions), which DDP's one-forward-one-backward bookkeeping does not allow [ours].
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: ``rank`` of ``world_size``, ``local_rank`` on its machine, its ``device``."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(backend: str | None = None, device: str | None = None) -> DistInfo:
+    """Initialise the process group from torchrun's env vars (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
+
+    Without them (a plain ``python`` launch) this is a single-process no-op. The backend defaults to nccl
+    when CUDA is available, else gloo.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and device != "cpu"
+    dev = torch.device(f"cuda:{local}" if use_cuda else (device or "cpu"))
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"), rank=rank, world_size=world)
+    return DistInfo(rank, world, local, dev)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Per-rank seed (nanoGPT/open_clip habit): ranks draw different noise but stay reproducible."""
+    return seed + rank
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.rank, ctx.n = dist.get_rank(), len(x)
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        # every rank's copy of the global loss sends gradient to this rank's rows: sum them, keep ours
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad[ctx.rank * ctx.n : (ctx.rank + 1) * ctx.n]
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-size ``(batch, ...)`` tensors of all ranks in rank order, differentiably."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    return _GatherWithGrad.apply(x)
+
+
+@torch.no_grad()
+def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``(batch_r, ...)`` tensors of all ranks (sizes may differ) in rank order, no gradient."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(x)], device=x.device))
+    top = int(max(s.item() for s in sizes))
+    padded = torch.zeros((top, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    padded[: len(x)] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)])
+
+
+def average_gradients(module: nn.Module) -> None:
+    """All-reduce-mean every parameter gradient (missing gradients count as zero so ranks stay in step)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    world = dist.get_world_size()
+    for p in module.parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank (identical initialisation)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for t in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(t.data, src)
+
+
+def shard(n_global: int, rank: int, world_size: int) -> slice:
+    """Contiguous slice of a global batch of ``n_global`` rows that ``rank`` owns (must divide evenly)."""
+    if n_global % world_size:
+        raise ValueError(f"global batch {n_global} is not divisible by world size {world_size}")
+    per = n_global // world_size
+    return slice(rank * per, (rank + 1) * per)
