@@ -1,0 +1,232 @@
+"""Unit tests of reprlab.ot.sinkhorn: invariants, padding, errors, warnings, gradients.
+
+Oracles: mathematical invariants of entropic OT (marginals, equivariance, translation), the log-domain path
+as reference for the scaling path (same iterates), finite differences for gradients. Reference-library
+comparisons (POT, SciPy) live in tests/reference/test_ot_reference.py.
+"""
+
+import importlib
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reprlab.ot import sinkhorn
+
+# `reprlab.ot.sinkhorn` the attribute is the function; the module is needed for helpers and CHUNK.
+sk = importlib.import_module("reprlab.ot.sinkhorn")
+
+F64 = torch.float64
+
+
+def _problem(batch, n, m, seed=0, dtype=F64, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    C = torch.rand(batch, n, m, generator=g, dtype=dtype) * scale
+    a = torch.rand(batch, n, generator=g, dtype=dtype) + 0.1
+    b = torch.rand(batch, m, generator=g, dtype=dtype) + 0.1
+    return C, a, b
+
+
+shapes = st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 7), st.integers(0, 10_000))
+
+
+@settings(max_examples=15, deadline=None)
+@given(shapes, st.sampled_from([0.1, 0.3, 1.0]))
+def test_marginals_match_weights_at_convergence(shape, eps):
+    batch, n, m, seed = shape
+    C, a, b = _problem(batch, n, m, seed)
+    r = sinkhorn(C, a, b, eps, n_iters=400)
+    a_n, b_n = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
+    # 400 iterations at eps >= 0.1 with cost range 1 contract the marginal error far below 1e-8 (float64).
+    torch.testing.assert_close(r.plan.sum(2), a_n, atol=1e-8, rtol=0)
+    torch.testing.assert_close(r.plan.sum(1), b_n, atol=1e-8, rtol=0)
+    assert bool((r.marginal_error < 1e-8).all()) and bool(r.converged.all())
+    assert bool((r.plan >= 0).all())
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes)
+def test_permuting_points_permutes_plan(shape):
+    batch, n, m, seed = shape
+    C, a, b = _problem(batch, n, m, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    pr, pc = torch.randperm(n, generator=g), torch.randperm(m, generator=g)
+    r = sinkhorn(C, a, b, 0.2, n_iters=50)
+    rp = sinkhorn(C[:, pr][:, :, pc], a[:, pr], b[:, pc], 0.2, n_iters=50)
+    # Same iterates up to a relabelling; only summation order changes, so float64 rounding (1e-12).
+    torch.testing.assert_close(rp.plan, r.plan[:, pr][:, :, pc], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(rp.cost, r.cost, atol=1e-12, rtol=1e-10)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes)
+def test_symmetric_cost_gives_symmetric_distance(shape):
+    batch, n, m, seed = shape
+    C, a, b = _problem(batch, n, m, seed)
+    # OT(a, b; C) = OT(b, a; C^T): a symmetric cost function gives a symmetric distance. The update order
+    # differs between the two solves, so compare at convergence (500 iterations at eps = 0.2).
+    r = sinkhorn(C, a, b, 0.2, n_iters=500)
+    rt = sinkhorn(C.transpose(1, 2), b, a, 0.2, n_iters=500)
+    torch.testing.assert_close(rt.cost, r.cost, atol=1e-10, rtol=0)
+    torch.testing.assert_close(rt.plan, r.plan.transpose(1, 2), atol=1e-10, rtol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shapes, st.floats(-3.0, 3.0))
+def test_translating_cost_shifts_cost_by_constant(shape, shift):
+    batch, n, m, seed = shape
+    C, a, b = _problem(batch, n, m, seed)
+    r = sinkhorn(C, a, b, 0.2, n_iters=60)
+    rs = sinkhorn(C + shift, a, b, 0.2, n_iters=60)
+    # A constant moves both potentials' sum by the constant: the plan is unchanged and <P, C + c> gains
+    # c * sum(P) = c. Iterates differ only by rounding of the shifted exponents (float64).
+    torch.testing.assert_close(rs.plan, r.plan, atol=1e-10, rtol=0)
+    torch.testing.assert_close(rs.cost, r.cost + shift, atol=1e-10, rtol=0)
+
+
+def test_scaling_path_equals_log_domain_path():
+    C, a, b = _problem(5, 9, 6, seed=3)
+    fast = sinkhorn(C, a, b, 0.05, n_iters=37, check_every=10)
+    slow = sinkhorn(C, a, b, 0.05, n_iters=37, grad="autograd")
+    assert fast.solver == "sinkhorn-scaling" and slow.solver == "sinkhorn-log"
+    assert fast.n_iters == slow.n_iters == 37
+    # Same iterates (module docstring); float64 rounding in exp/log of exponents up to 1/eps = 20.
+    torch.testing.assert_close(fast.plan, slow.plan.detach(), atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(fast.f, slow.f.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(fast.g, slow.g.detach(), atol=1e-10, rtol=0)
+
+
+def test_plan_is_gibbs_form_of_potentials():
+    C, a, b = _problem(3, 6, 4, seed=5)
+    r = sinkhorn(C, a, b, 0.1, n_iters=30)
+    a_n, b_n = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
+    torch.testing.assert_close(sk.gibbs_plan(C, a_n, b_n, r.f, r.g, 0.1), r.plan, atol=1e-12, rtol=1e-9)
+
+
+def test_ragged_batch_equals_problems_one_at_a_time():
+    g = torch.Generator().manual_seed(7)
+    batch, n, m = 6, 8, 5
+    C = torch.rand(batch, n, m, generator=g, dtype=F64)
+    n_valid = torch.tensor([8, 3, 1, 5, 8, 2])
+    m_valid = torch.tensor([5, 5, 2, 1, 3, 4])
+    a = (torch.arange(n)[None] < n_valid[:, None]).to(F64)
+    b = (torch.arange(m)[None] < m_valid[:, None]).to(F64)
+    C[a[:, :, None].expand(-1, -1, m) == 0] = float("nan")  # padded costs must be ignored, NaN included
+    r = sinkhorn(C, a, b, 0.1, n_iters=40)
+    for i in range(batch):
+        k, l = int(n_valid[i]), int(m_valid[i])
+        ri = sinkhorn(C[i, :k, :l], torch.ones(k, dtype=F64), torch.ones(l, dtype=F64), 0.1, n_iters=40)
+        # Padded entries carry exactly zero mass, so the iterates coincide up to summation order.
+        torch.testing.assert_close(r.cost[i], ri.cost, atol=1e-13, rtol=0)
+        torch.testing.assert_close(r.plan[i, :k, :l], ri.plan, atol=1e-13, rtol=0)
+        assert float(r.plan[i].sum()) == pytest.approx(1.0, abs=1e-12)
+        assert bool((r.plan[i, k:] == 0).all()) and bool((r.plan[i, :, l:] == 0).all())
+    assert torch.isfinite(r.f).all() and torch.isfinite(r.g).all()
+
+
+def test_chunked_batch_equals_unchunked(monkeypatch):
+    C, a, b = _problem(11, 6, 4, seed=9)
+    b[3, 2:] = 0
+    whole = sinkhorn(C, a, b, 0.1, n_iters=25)
+    monkeypatch.setattr(sk, "CHUNK", 4)  # chunk boundaries at 4 and 8, last chunk of 3
+    chunked = sinkhorn(C, a, b, 0.1, n_iters=25)
+    torch.testing.assert_close(chunked.plan, whole.plan, atol=0, rtol=0)
+    torch.testing.assert_close(chunked.cost, whole.cost, atol=1e-15, rtol=0)
+
+
+def test_all_padding_problem_raises_with_index():
+    C, a, b = _problem(4, 5, 3)
+    b[2] = 0
+    with pytest.raises(ValueError, match=r"all-padding.*\[2\]"):
+        sinkhorn(C, a, b, 0.1)
+
+
+def test_bad_inputs_raise_clear_errors():
+    C, a, b = _problem(2, 5, 3)
+    with pytest.raises(ValueError, match="eps"):
+        sinkhorn(C, a, b, 0.0)
+    with pytest.raises(ValueError, match="weights must be"):
+        sinkhorn(C, a[:, :4], b, 0.1)
+    with pytest.raises(ValueError, match=">= 0"):
+        sinkhorn(C, -a, b, 0.1)
+    with pytest.raises(ValueError, match="grad"):
+        sinkhorn(C, a, b, 0.1, grad="unrolled")
+    C[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"non-finite cost.*\[1\]"):
+        sinkhorn(C, a, b, 0.1)
+
+
+def test_warns_when_tolerance_not_met():
+    C, a, b = _problem(3, 6, 5, seed=2)
+    with pytest.warns(RuntimeWarning, match="did not reach tol"):
+        r = sinkhorn(C, a, b, 0.01, n_iters=2, tol=1e-9)
+    assert not bool(r.converged.all())
+
+
+def test_tolerance_stops_early_without_warning():
+    C, a, b = _problem(3, 6, 5, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = sinkhorn(C, a, b, 0.5, n_iters=1000, tol=1e-6, check_every=10)
+    # eps = 0.5 on a unit cost range converges in a few tens of iterations, far below the cap.
+    assert r.n_iters < 1000 and r.n_iters % 10 == 0
+    assert bool(r.converged.all()) and float(r.marginal_error.max()) <= 1e-6
+
+
+# Log-domain exponents are f/eps ~ 2/1e-4 = 2e4; float32 rounds them to ~2e4 * 6e-8 ~ 1e-3 absolute, which
+# is the plan's relative error, so mass is 1 to ~1e-3 in float32 and to ~1e-11 in float64.
+@pytest.mark.parametrize("dtype,mass_tol", [(torch.float32, 2e-3), (F64, 1e-10)])
+def test_tiny_eps_never_nan(dtype, mass_tol):
+    C, a, b = _problem(4, 7, 5, seed=4, dtype=dtype, scale=2.0)
+    a[1, 4:] = 0
+    b[2, :3] = 0
+    r = sinkhorn(C, a, b, 1e-4, n_iters=30)
+    # exp(2 / 1e-4) overflows any float, so the scaling path must hand over to the log domain.
+    assert r.solver == "sinkhorn-log"
+    for field in (r.cost, r.plan, r.f, r.g, r.marginal_error, r.reg_cost):
+        assert torch.isfinite(field).all()
+    # Column marginals are exact after the last g update, so the mass is 1 up to rounding.
+    torch.testing.assert_close(r.plan.sum((1, 2)), torch.ones(4, dtype=dtype), atol=mass_tol, rtol=0)
+
+
+def test_envelope_gradient_is_the_plan():
+    C, a, b = _problem(3, 5, 4, seed=6)
+    C.requires_grad_(True)
+    w = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    r = sinkhorn(C, a, b, 0.1, n_iters=30)
+    (r.cost * w).sum().backward()
+    torch.testing.assert_close(C.grad, w[:, None, None] * r.plan, atol=0, rtol=0)
+    assert not r.plan.requires_grad
+
+
+def test_envelope_gradient_matches_finite_differences_of_the_objective():
+    # d/dC [min_P <P, C> - eps H(P)] = P* (Danskin), so finite differences of reg_cost must match the
+    # envelope gradient once the solver has converged (eps = 0.5: 300 iterations reach machine precision).
+    C, a, b = _problem(2, 4, 3, seed=8)
+    C.requires_grad_(True)
+
+    def objective(C):
+        return sinkhorn(C, a, b, 0.5, n_iters=300).reg_cost
+
+    assert torch.autograd.gradcheck(objective, (C,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_autograd_gradient_matches_finite_differences():
+    # grad="autograd" differentiates the finite-iteration map exactly, so gradcheck holds at any n_iters.
+    C, a, b = _problem(2, 4, 3, seed=10)
+    C.requires_grad_(True)
+
+    def cost(C):
+        return sinkhorn(C, a, b, 0.2, n_iters=7, grad="autograd").cost
+
+    assert torch.autograd.gradcheck(cost, (C,), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_unbatched_inputs_give_unbatched_fields():
+    C, a, b = _problem(1, 5, 3, seed=11)
+    r = sinkhorn(C[0], a[0], b[0], 0.1, n_iters=20)
+    rb = sinkhorn(C, a, b, 0.1, n_iters=20)
+    assert r.cost.shape == () and r.plan.shape == (5, 3) and r.f.shape == (5,) and r.converged.shape == ()
+    torch.testing.assert_close(r.plan, rb.plan[0], atol=0, rtol=0)
