@@ -18,8 +18,12 @@ def _ragged_problem(seed, batch=6, n=9, m=7, uniform=False):
     C = torch.rand(batch, n, m, generator=g, dtype=F64)
     n_valid = torch.randint(1, n + 1, (batch,), generator=g)
     m_valid = torch.randint(1, m + 1, (batch,), generator=g)
-    a = (torch.arange(n)[None] < n_valid[:, None]).to(F64) * (torch.rand(batch, n, generator=g, dtype=F64) + 0.5)
-    b = (torch.arange(m)[None] < m_valid[:, None]).to(F64) * (torch.rand(batch, m, generator=g, dtype=F64) + 0.5)
+    a = (torch.arange(n)[None] < n_valid[:, None]).to(F64) * (
+        torch.rand(batch, n, generator=g, dtype=F64) + 0.5
+    )
+    b = (torch.arange(m)[None] < m_valid[:, None]).to(F64) * (
+        torch.rand(batch, m, generator=g, dtype=F64) + 0.5
+    )
     if uniform:
         a, b = (a > 0).to(F64), (b > 0).to(F64)
     return C, a, b, n_valid, m_valid
@@ -41,9 +45,9 @@ def test_matches_pot_sinkhorn2_iteration_for_iteration(eps):
     C, a, b, n_valid, m_valid = _ragged_problem(0, uniform=True)
     r = sinkhorn(C.transpose(1, 2), b, a, eps, n_iters=20)
     for i in range(len(C)):
-        k, l = int(n_valid[i]), int(m_valid[i])
-        ai, bi = a[i, :k].numpy(), b[i, :l].numpy()
-        ref = _pot_sinkhorn_log(ai / ai.sum(), bi / bi.sum(), C[i, :k, :l].numpy(), eps, 20)
+        k, j = int(n_valid[i]), int(m_valid[i])
+        ai, bi = a[i, :k].numpy(), b[i, :j].numpy()
+        ref = _pot_sinkhorn_log(ai / ai.sum(), bi / bi.sum(), C[i, :k, :j].numpy(), eps, 20)
         assert float(r.cost[i]) == pytest.approx(ref, abs=1e-12)
 
 
@@ -51,15 +55,17 @@ def test_matches_pot_sinkhorn2_at_convergence_and_plan():
     C, a, b, n_valid, m_valid = _ragged_problem(1)
     r = sinkhorn(C, a, b, 0.2, n_iters=300)
     for i in range(len(C)):
-        k, l = int(n_valid[i]), int(m_valid[i])
-        ai, bi = a[i, :k].numpy(), b[i, :l].numpy()
+        k, j = int(n_valid[i]), int(m_valid[i])
+        ai, bi = a[i, :k].numpy(), b[i, :j].numpy()
         ai, bi = ai / ai.sum(), bi / bi.sum()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = ot.sinkhorn(ai, bi, C[i, :k, :l].numpy(), 0.2, method="sinkhorn_log", numItermax=300, stopThr=0)
+            plan = ot.sinkhorn(
+                ai, bi, C[i, :k, :j].numpy(), 0.2, method="sinkhorn_log", numItermax=300, stopThr=0
+            )
         # Both converged (300 iterations at eps = 0.2 on a unit range): fixed points agree to rounding.
-        np.testing.assert_allclose(r.plan[i, :k, :l].numpy(), plan, atol=1e-12)
-        assert float(r.cost[i]) == pytest.approx(float((plan * C[i, :k, :l].numpy()).sum()), abs=1e-12)
+        np.testing.assert_allclose(r.plan[i, :k, :j].numpy(), plan, atol=1e-12)
+        assert float(r.cost[i]) == pytest.approx(float((plan * C[i, :k, :j].numpy()).sum()), abs=1e-12)
 
 
 def test_float32_fast_path_within_1e5_of_pot_float64():
@@ -73,8 +79,10 @@ def test_float32_fast_path_within_1e5_of_pot_float64():
     r = ot_distance(X, Y, y_mask=y_mask, eps=0.05, n_iters=50)
     C = cosine_cost(X.double(), Y.double())
     for i in range(12):
-        l = int(m_valid[i])
-        ref = _pot_sinkhorn_log(np.full(l, 1 / l), np.full(49, 1 / 49), C[i, :, :l].T.numpy().copy(), 0.05, 50)
+        j = int(m_valid[i])
+        ref = _pot_sinkhorn_log(
+            np.full(j, 1 / j), np.full(49, 1 / 49), C[i, :, :j].T.numpy().copy(), 0.05, 50
+        )
         assert float(r.cost[i]) == pytest.approx(ref, abs=1e-5)
 
 
@@ -94,10 +102,10 @@ def test_small_eps_close_to_exact_emd():
     eps = 1e-3
     r = sinkhorn(C, a, b, eps, n_iters=3000)
     for i in range(len(C)):
-        k, l = int(n_valid[i]), int(m_valid[i])
-        ai, bi = a[i, :k].numpy(), b[i, :l].numpy()
-        w = float(ot.emd2(ai / ai.sum(), bi / bi.sum(), C[i, :k, :l].numpy()))
-        assert w - 1e-9 <= float(r.cost[i]) <= w + eps * np.log(k * l)
+        k, j = int(n_valid[i]), int(m_valid[i])
+        ai, bi = a[i, :k].numpy(), b[i, :j].numpy()
+        w = float(ot.emd2(ai / ai.sum(), bi / bi.sum(), C[i, :k, :j].numpy()))
+        assert w - 1e-9 <= float(r.cost[i]) <= w + eps * np.log(k * j)
 
 
 def test_low_eps_permutation_problem_matches_hungarian():
@@ -120,7 +128,7 @@ def test_ipot_converges_to_exact_emd():
     C, a, b, n_valid, m_valid = _ragged_problem(6, batch=4, n=8, m=6)
     r = ipot(C, a, b, beta=0.5, n_iters=300)
     for i in range(len(C)):
-        k, l = int(n_valid[i]), int(m_valid[i])
-        ai, bi = a[i, :k].numpy(), b[i, :l].numpy()
-        w = float(ot.emd2(ai / ai.sum(), bi / bi.sum(), C[i, :k, :l].numpy()))
-        assert abs(float(r.cost[i]) - w) <= 0.5 / 300 * np.log(k * l) + 1e-6
+        k, j = int(n_valid[i]), int(m_valid[i])
+        ai, bi = a[i, :k].numpy(), b[i, :j].numpy()
+        w = float(ot.emd2(ai / ai.sum(), bi / bi.sum(), C[i, :k, :j].numpy()))
+        assert abs(float(r.cost[i]) - w) <= 0.5 / 300 * np.log(k * j) + 1e-6

@@ -72,7 +72,9 @@ def ot_distance(
             the batch index), or ``tol`` with IPOT.
     """
     if X.dim() != 3 or Y.dim() != 3:
-        raise ValueError(f"X and Y must be (batch, n, d) and (batch, m, d); got {tuple(X.shape)}, {tuple(Y.shape)}")
+        raise ValueError(
+            f"X and Y must be (batch, n, d) and (batch, m, d); got {tuple(X.shape)}, {tuple(Y.shape)}"
+        )
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}; got {solver!r}")
     if isinstance(cost, str):

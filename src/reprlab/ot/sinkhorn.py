@@ -360,7 +360,9 @@ def finish_result(
         # eps * sum P log P through the marginals (log P = log a + log b + (f + g - C)/eps), so no
         # (batch, n, m) log is needed; padded rows have zero mass, so the clamped log is harmless.
         fd, gd, cd = f.detach(), g.detach(), cost.detach()
-        eps_plogp = (rows * (eps * _log_weights(a) + fd)).sum(1) + (cols * (eps * _log_weights(b) + gd)).sum(1) - cd
+        eps_plogp = (
+            (rows * (eps * _log_weights(a) + fd)).sum(1) + (cols * (eps * _log_weights(b) + gd)).sum(1) - cd
+        )
         entropic = eps_plogp - eps * rows.sum(1)
     if not bool(torch.isfinite(cost.detach()).all()):
         bad = torch.nonzero(~torch.isfinite(cost.detach())).flatten()[:5].tolist()

@@ -73,13 +73,15 @@ def test_ipot_ragged_potentials_and_gradient():
     b[2, 2:] = 0
     C.requires_grad_(True)
     r = ipot(C, a, b, n_iters=40)
-    for i, (k, l) in enumerate([(6, 5), (4, 5), (6, 2)]):
-        ri = ipot(C[i, :k, :l].detach(), torch.ones(k, dtype=F64), torch.ones(l, dtype=F64), n_iters=40)
-        torch.testing.assert_close(r.plan[i, :k, :l], ri.plan, atol=1e-14, rtol=1e-10)
+    for i, (k, j) in enumerate([(6, 5), (4, 5), (6, 2)]):
+        ri = ipot(C[i, :k, :j].detach(), torch.ones(k, dtype=F64), torch.ones(j, dtype=F64), n_iters=40)
+        torch.testing.assert_close(r.plan[i, :k, :j], ri.plan, atol=1e-14, rtol=1e-10)
     a_n, b_n = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
     # Potentials are the Gibbs form of the plan at eps = beta / n_iters (unrolled IPOT); the exponents are
     # ~1/eps_eff = 80, so float64 reconstruction is good to ~1e-12 relative.
-    torch.testing.assert_close(sk.gibbs_plan(C.detach(), a_n, b_n, r.f, r.g, r.eps), r.plan, atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(
+        sk.gibbs_plan(C.detach(), a_n, b_n, r.f, r.g, r.eps), r.plan, atol=1e-12, rtol=1e-9
+    )
     r.cost.sum().backward()
     torch.testing.assert_close(C.grad, r.plan, atol=0, rtol=0)
 

@@ -116,13 +116,13 @@ def test_ragged_batch_equals_problems_one_at_a_time():
     C[a[:, :, None].expand(-1, -1, m) == 0] = float("nan")  # padded costs must be ignored, NaN included
     r = sinkhorn(C, a, b, 0.1, n_iters=40)
     for i in range(batch):
-        k, l = int(n_valid[i]), int(m_valid[i])
-        ri = sinkhorn(C[i, :k, :l], torch.ones(k, dtype=F64), torch.ones(l, dtype=F64), 0.1, n_iters=40)
+        k, j = int(n_valid[i]), int(m_valid[i])
+        ri = sinkhorn(C[i, :k, :j], torch.ones(k, dtype=F64), torch.ones(j, dtype=F64), 0.1, n_iters=40)
         # Padded entries carry exactly zero mass, so the iterates coincide up to summation order.
         torch.testing.assert_close(r.cost[i], ri.cost, atol=1e-13, rtol=0)
-        torch.testing.assert_close(r.plan[i, :k, :l], ri.plan, atol=1e-13, rtol=0)
+        torch.testing.assert_close(r.plan[i, :k, :j], ri.plan, atol=1e-13, rtol=0)
         assert float(r.plan[i].sum()) == pytest.approx(1.0, abs=1e-12)
-        assert bool((r.plan[i, k:] == 0).all()) and bool((r.plan[i, :, l:] == 0).all())
+        assert bool((r.plan[i, k:] == 0).all()) and bool((r.plan[i, :, j:] == 0).all())
     assert torch.isfinite(r.f).all() and torch.isfinite(r.g).all()
 
 
