@@ -1,0 +1,187 @@
+"""Chat formatting, left-padded batches and the forward/generate helpers every stage shares.
+
+Chat templates are applied the model's way: we render ``apply_chat_template(..., tokenize=False)`` and
+tokenise the rendered text without adding special tokens (the template already carries them).
+
+Default system prompt [ours, documented]: ``system_prompt=None`` keeps whatever the template does when no
+system message is given. SmolLM2's GGUF template then injects "You are a helpful AI assistant named
+SmolLM, trained by Hugging Face"; Llama-3-Instruct's injects nothing. A string (possibly empty) is sent as an
+explicit system message instead; ``crl-tiny`` uses ``""`` to save ~15 tokens per sequence on the CPU.
+
+All batches are LEFT padded and every forward pass receives ``position_ids`` computed from the attention
+mask, so a padded row gives the same hidden states as the unpadded sequence (tested), and all responses end
+in the last column, which lets us compute logits only for the last ``max_response + 1`` positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+SUFFIX_SENTINEL = "\x00SUFFIX\x00"
+
+
+def _encode(tok, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Render prompts/responses with the tokenizer's chat template.
+
+    Args:
+        tokenizer: HF tokenizer (or ``reprlab.models.hf.ByteTokenizer``) with a chat template.
+        system_prompt: None keeps the template's default; a string is sent as the system message.
+        max_prompt_tokens: user prompts are truncated to this many tokens of *content* [ours], to bound cost.
+    """
+
+    tokenizer: object
+    system_prompt: str | None = None
+    max_prompt_tokens: int = 64
+
+    def _messages(self, prompt: str, response: str | None = None, truncate: bool = True) -> list[dict]:
+        msgs = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+        msgs.append({"role": "user", "content": self._truncate(prompt) if truncate else prompt})
+        if response is not None:
+            msgs.append({"role": "assistant", "content": response})
+        return msgs
+
+    def _truncate(self, prompt: str) -> str:
+        ids = _encode(self.tokenizer, prompt)
+        if len(ids) <= self.max_prompt_tokens:
+            return prompt
+        return self.tokenizer.decode(ids[: self.max_prompt_tokens], skip_special_tokens=True)
+
+    def render_prompt(self, prompt: str) -> str:
+        """Text up to and including the assistant header."""
+        return self.tokenizer.apply_chat_template(self._messages(prompt), add_generation_prompt=True, tokenize=False)
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return _encode(self.tokenizer, self.render_prompt(prompt))
+
+    def response_ids(self, prompt: str, response: str, end_turn: bool = True, max_tokens: int | None = None) -> list[int]:
+        """Token ids of the assistant reply as the template writes it.
+
+        Args:
+            end_turn: append the template's end-of-turn marker (complete replies, e.g. refusals); False for
+                truncated generations, which must not be taught to stop mid-sentence.
+            max_tokens: truncate the reply content to this many tokens (before the end-of-turn marker).
+        """
+        head = self.render_prompt(prompt)
+        full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
+        tail = full[len(head):] if full.startswith(head) else response
+        # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
+        cut = tail.find(response) + len(response) if response and response in tail else len(tail)
+        content, marker = _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
+        if max_tokens is not None:
+            content = content[:max_tokens]
+        return content + (marker if end_turn else [])
+
+    def suffix_split(self, prompt: str) -> tuple[list[int], list[int]]:
+        """``(pre, post)`` ids around an adversarial suffix slot at the end of the user content."""
+        text = self.tokenizer.apply_chat_template(
+            self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False), add_generation_prompt=True, tokenize=False
+        )
+        pre, post = text.split(SUFFIX_SENTINEL)
+        return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
+
+
+@dataclass
+class Batch:
+    """Left-padded prompt+response batch.
+
+    Attributes:
+        input_ids: ``[batch, pos]`` token ids.
+        attention_mask: ``[batch, pos]`` 1 for real tokens.
+        response_mask: ``[batch, pos]`` bool, True on response tokens (all end in the last column).
+        n_response: width of the response block (``max`` response length in the batch).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    n_response: int
+
+    def to(self, device) -> Batch:
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
+                     self.n_response)  # fmt: skip
+
+
+def collate(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Batch:
+    """Left-pad ``(prompt_ids, response_ids)`` pairs into one :class:`Batch`."""
+    if not pairs:
+        raise ValueError("collate got an empty list of sequences")
+    width = max(len(p) + len(r) for p, r in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    resp = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for i, (p, r) in enumerate(pairs):
+        seq = p + r
+        ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq):] = 1
+        if r:
+            resp[i, width - len(r):] = True
+    return Batch(ids, mask, resp, max(len(r) for _, r in pairs))
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """``[batch, pos]`` positions counting only real tokens, so left padding does not shift them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def forward(model, attention_mask: Tensor, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
+            hidden: bool = True, logits_last: int | None = 0):  # fmt: skip
+    """One forward pass with mask-derived positions.
+
+    Args:
+        logits_last: compute logits only for the last ``k`` positions (0 = none needed is not supported by
+            HF, so 0 means 1 to keep the call cheap; None = all positions).
+
+    Returns:
+        the HF output (``hidden_states``: tuple of ``n_layers + 1`` tensors ``[batch, pos, d_model]``).
+    """
+    kwargs = {} if logits_last is None else {"logits_to_keep": max(int(logits_last), 1)}
+    return model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                 position_ids=position_ids(attention_mask), output_hidden_states=hidden, use_cache=False, **kwargs)  # fmt: skip
+
+
+def response_logits(out_logits: Tensor, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    """Logits predicting each response token.
+
+    Args:
+        out_logits: ``[batch, k, d_vocab]`` logits of the last ``k >= n_response + 1`` positions.
+
+    Returns:
+        ``(logits [batch, n_response, d_vocab], targets [batch, n_response], mask [batch, n_response])``.
+    """
+    r = batch.n_response
+    logits = out_logits[:, -r - 1 : -1]  # position t predicts token t + 1
+    return logits, batch.input_ids[:, -r:], batch.response_mask[:, -r:]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+    """Greedy, batched, left-padded generation; returns the decoded new text per prompt (one token list each)."""
+    pad = tokenizer.pad_token_id
+    texts: list[str] = []
+    for s in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[s : s + batch_size]
+        b = collate([(p, []) for p in chunk], pad)
+        kwargs = dict(attention_mask=b.attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
+                      pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+        dev = next(model.parameters()).device
+        kwargs = {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+        out = model.generate(input_ids=b.input_ids.to(dev), **kwargs)[:, b.input_ids.shape[1]:]
+        texts += [tokenizer.decode(o, skip_special_tokens=True) for o in out]
+    return texts
+
+
+@torch.no_grad()
+def generate_embeds(model, tokenizer, inputs_embeds: Tensor, attention_mask: Tensor, max_new_tokens: int) -> list[str]:
+    """Greedy generation from left-padded input embeddings ``[batch, pos, d_model]`` (embedding attack)."""
+    out = model.generate(inputs_embeds=inputs_embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                         do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    return [tokenizer.decode(o, skip_special_tokens=True) for o in out]

@@ -1,0 +1,92 @@
+"""Typed configs of the CRL-safety pipeline. Defaults follow the brief's CPU testbed (§6) unless marked.
+
+Every default that differs from the official code says so in its help text; see ``losses.py`` and
+``mining.py`` for which parts are the paper's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class LoraCfg:
+    r: int = field(default=16, metadata=_h("LoRA rank (code: 16)"))
+    alpha: int = field(default=16, metadata=_h("LoRA alpha (code: 16)"))
+    dropout: float = field(default=0.05, metadata=_h("LoRA dropout (code: 0.05)"))
+    target_modules: str = field(default="all-linear", metadata=_h("peft target modules; all-linear = the 7 projections on Llama"))
+    blocks: str = field(default="auto", metadata=_h("decoder blocks with adapters: 'auto' = 0..highest target layer, or a layer spec"))
+
+
+@dataclass(frozen=True)
+class OptimCfg:
+    steps: int = field(default=60, metadata=_h("optimizer steps"))
+    batch_size: int = field(default=4, metadata=_h("sequences per class per step (code: 16 effective)"))
+    lr: float = field(default=1e-4, metadata=_h("constant AdamW lr, no weight decay (code: 1e-4)"))
+    log_every: int = field(default=5, metadata=_h("metrics.jsonl every N steps"))
+    checkpoint_every: int = field(default=20, metadata=_h("checkpoint every N steps"))
+    cache_frozen: bool = field(default=True, metadata=_h("[ours] precompute frozen states/logits once per example"))
+
+
+@dataclass(frozen=True)
+class SftCfg:
+    """Stage 0 refusal training [ours]: CE on refusals + CE/KL to the base on benign replies."""
+
+    optim: OptimCfg = field(default_factory=lambda: OptimCfg(steps=40, lr=3e-4))
+    lora: LoraCfg = field(default_factory=LoraCfg)
+    benign_ce_weight: float = field(default=0.5, metadata=_h("CE on the base model's own benign replies"))
+    kl_weight: float = field(default=1.0, metadata=_h("KL(base || model) on benign reply tokens"))
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class CrlCfg:
+    layers_benign: str = field(default="third:-2", metadata=_h("hidden-state layers of L_b (brief CPU: ceil(L/3)..L-2; code: all)"))
+    layers_harmful: str = field(default="third:-2", metadata=_h("hidden-state layers of L_h (code: 20..30 of 32)"))
+    tokens: str = field(default="response", metadata=_h("'response' (all response tokens, code) or 'last'"))
+    d_pos: str = field(default="cosine", metadata=_h("benign positive distance (code: l2; brief CPU: cosine)"))
+    d_neg: str = field(default="cosine", metadata=_h("benign negative distance (code: cosine)"))
+    d_harm: str = field(default="cosine", metadata=_h("harmful-term distance (code: cosine)"))
+    margin_benign: float = field(default=0.3, metadata=_h("m_b (code 2, paper via TB 500, TB cosine 0.3)"))
+    margin_harmful: float = field(default=0.5, metadata=_h("m_h (code 3, paper via TB 1500, TB cosine 0.5)"))
+    alpha: float = field(default=0.5, metadata=_h("weight of L_b (code 0.5)"))
+    beta: float = field(default=0.4, metadata=_h("weight of L_h (code 0.6, paper via TB 0.4)"))
+    kl_weight: float = field(default=0.9, metadata=_h("weight of L_KL (code 0.7, paper via TB 0.9)"))
+    temperature: float = field(default=2.0, metadata=_h("KL temperature (code 2)"))
+    detach_centroid: bool = field(default=False, metadata=_h("stop gradients through mu'_h ([unknown] in the paper)"))
+    benign_includes_refusals: bool = field(default=True, metadata=_h("[ours] safe set also holds harmful prompt -> refusal pairs, like WildGuardMix"))
+
+
+@dataclass(frozen=True)
+class RrCfg:
+    alpha: float = field(default=10.0, metadata=_h("schedule scale (CB Llama-3: 10)"))
+    layers: str = field(default="third,two_thirds", metadata=_h("reroute layers (CB Llama-3: 10,20 of 32)"))
+    retain_layers: str = field(default="all", metadata=_h("retain layers (CB: all hidden states)"))
+
+
+@dataclass(frozen=True)
+class MiningCfg:
+    blocks: str = field(default="0:third", metadata=_h("decoder blocks the latent attack may sit on (code: 0..9 of 32)"))
+    refresh_every: int = field(default=20, metadata=_h("train a fresh module every N steps (code 40)"))
+    iterations: int = field(default=20, metadata=_h("max iterations per refresh (code 1100) [ours: CPU]"))
+    extra_iters: int = field(default=1, metadata=_h("iterations on non-refresh steps (code 1)"))
+    lr: float = field(default=1e-3, metadata=_h("Adam lr of the module (code 1e-4) [ours: fewer iterations]"))
+    prob: float = field(default=0.25, metadata=_h("probability a step uses the attack (code 0.25)"))
+    gate_loss: float = field(default=3.0, metadata=_h("use only when the last 10 losses average below this (code 3)"))
+    stop_loss: float = field(default=1.85, metadata=_h("early stop of module training (code 1.85 over 100 its)"))
+    window: int = field(default=10, metadata=_h("averaging window of the stop rule (code 100) [ours]"))
+
+
+@dataclass(frozen=True)
+class DefenseCfg:
+    """One trainer for RR, CRL and CRL+mining; they share optimisation and differ in the loss only."""
+
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    lora: LoraCfg = field(default_factory=LoraCfg)
+    crl: CrlCfg = field(default_factory=CrlCfg)
+    rr: RrCfg = field(default_factory=RrCfg)
+    mining: MiningCfg = field(default_factory=MiningCfg)

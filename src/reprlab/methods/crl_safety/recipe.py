@@ -1,0 +1,260 @@
+"""CRL safety pipeline: base -> stage-0 refusal LoRA -> RR / CRL / CRL+mining, each under every attack.
+
+Paper: Simko, Sachan, Schölkopf, Jin, "Improving Large Language Model Safety with Contrastive Representation
+Learning", EMNLP 2025 (arXiv 2506.11938); official code ``samuelsimko/crl-llm-defense``. The paper's parts:
+the triplet + KL losses, the latent-attack mining, RR as baseline, the attacks. Ours: stage-0 refusal SFT
+(the packaged model does not refuse), the offline judge, the data splits, the small-scale sizes and every
+default marked [ours] in ``config.py``. See ``shared/papers/crl-safety.md``.
+
+Stages (each resumable): ``generate`` (base replies, never committed) -> ``eval_base`` -> refusal training
+(checkpoint tag ``sft``) -> ``eval_refusal`` -> for rr, crl, crl_adv: training (tag = kind) -> ``eval_<kind>``.
+Each defense is a fresh LoRA on top of the merged stage-0 model, whose adapters-disabled self is the frozen
+reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
+from reprlab.methods.crl_safety.data import REFUSALS, make_splits
+from reprlab.methods.crl_safety.evaluate import AttackCfg, EvalData, evaluate, headline
+from reprlab.methods.crl_safety.gcg import allowed_tokens
+from reprlab.methods.crl_safety.judge import make_judge
+from reprlab.methods.crl_safety.layers import num_layers, parse_layers
+from reprlab.methods.crl_safety.metrics import response_logit_rows
+from reprlab.methods.crl_safety.trainer import lora_blocks
+from reprlab.report import Section
+from reprlab.train.seed import seed_everything
+
+MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
+HEADLINE = ("asr_direct", "asr_prefill", "asr_embedding", "asr_gcg", "benign_compliance", "over_refusal", "benign_kl")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class DataCfg:
+    n_harmful_train: int = field(default=48, metadata=_h("harmful training prompts (HarmBench rest + Do-Not-Answer)"))
+    n_harmful_eval: int = field(default=16, metadata=_h("held-out HarmBench behaviours"))
+    n_harmless_train: int = field(default=32, metadata=_h("harmless training prompts"))
+    n_harmless_eval: int = field(default=16, metadata=_h("held-out harmless prompts (benign compliance, KL)"))
+    n_xstest: int = field(default=16, metadata=_h("XSTest-style prompts (over-refusal)"))
+    harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
+    user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
+    system_prompt: str | None = field(default=None, metadata=_h("None keeps the template default; a string is sent as system message"))
+    max_prompt_tokens: int = field(default=48, metadata=_h("[ours] user prompts truncated to this many tokens"))
+    response_tokens: int = field(default=24, metadata=_h("tokens of base replies used as training/eval responses"))
+
+
+@dataclass(frozen=True)
+class JudgeCfg:
+    backend: str = field(default="offline", metadata=_h("'offline' (markers + degeneration) or 'hf' (classifier id)"))
+    model_id: str = field(default="", metadata=_h("HF text-classification model for backend 'hf'"))
+    comply_label: str = field(default="yes", metadata=_h("label of the classifier meaning harmful compliance"))
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = field(default=0, metadata=_h("seed of splits, sampling and init"))
+    model: str = field(default="smollm2-135m-instruct", metadata=_h("HF id, folder, packaged alias, or 'tiny-llama' (tests)"))
+    dtype: str = field(default="float32", metadata=_h("float32 or bfloat16 (GPU)"))
+    device: str = field(default="auto", metadata=_h("auto, cpu or cuda"))
+    variant: str = field(default="full", metadata=_h("label shown in the report ('demo' for the short variant)"))
+    models: tuple[str, ...] = field(default=MODELS, metadata=_h("which models to train/evaluate, in order"))
+    mechanism_layers: str = field(default="third,two_thirds,-2", metadata=_h("layers of the mechanism metrics"))
+    data: DataCfg = field(default_factory=DataCfg)
+    sft: SftCfg = field(default_factory=SftCfg)
+    defense: DefenseCfg = field(default_factory=DefenseCfg)
+    attack: AttackCfg = field(default_factory=AttackCfg)
+    judge: JudgeCfg = field(default_factory=JudgeCfg)
+
+
+def load_model(cfg: Config, device):
+    """``(model, tokenizer)``; ``tiny-llama`` is the random test model of ``reprlab.models.hf``."""
+    from reprlab.models.hf import load_causal_lm, tiny_llama
+
+    if cfg.model == "tiny-llama":
+        model, tok = tiny_llama(seed=cfg.seed, num_hidden_layers=4)
+        return model.to(device), tok
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
+    return load_causal_lm(cfg.model, dtype=dtype, device=device)
+
+
+def _base_replies(ref, tok, fmt, prompts: list[str], n: int) -> list[str]:
+    return generate(ref, tok, [fmt.prompt_ids(p) for p in prompts], n) if prompts else []
+
+
+def run(cfg: Config, run) -> dict:
+    for m in cfg.models:
+        if m not in MODELS:
+            raise ValueError(f"models must be drawn from {MODELS}, got {m!r}")
+    seed_everything(cfg.seed)
+    t_start = time.time()
+    log = run.logger.info
+    ref, tok = load_model(cfg, run.device)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
+    d = cfg.data
+    sp = make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
+                     d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl)  # fmt: skip
+    judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label)
+
+    def gen_stage():
+        log("generating base replies (kept in the run folder only)")
+        out = {k: _base_replies(ref, tok, fmt, getattr(sp, k), d.response_tokens)
+               for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval")}  # fmt: skip
+        for k in ("harmful_train", "harmful_eval"):  # a user's own responses win
+            out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]
+        out["splits"] = {k: getattr(sp, k) for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest")}
+        return out
+
+    g = run.stage("generate", gen_stage)
+    pair = lambda p, r, end: (fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens))  # noqa: E731
+    # harmful completions for RR/CRL/mining: the base's replies judged "comply" [ours: drop its rare refusals]
+    labels = judge(sp.harmful_train, g["harmful_train"])
+    compliant = [pair(p, r, False) for p, r, lab in zip(sp.harmful_train, g["harmful_train"], labels) if lab == "comply"]
+    if len(compliant) < max(2, len(sp.harmful_train) // 4):
+        compliant = [pair(p, r, False) for p, r in zip(sp.harmful_train, g["harmful_train"])]
+    refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
+    benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
+    benign_crl = benign + refusals if cfg.defense.crl.benign_includes_refusals else benign
+    ev = EvalData(sp.harmful_eval, g["harmful_eval"], sp.harmless_eval,
+                  [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
+                  [pair(p, r, False) for p, r in zip(sp.harmful_eval, g["harmful_eval"])], sp.xstest)  # fmt: skip
+    ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
+    n_layers = num_layers(ref)
+    mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
+    allowed = allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
+    pad = tok.pad_token_id
+    results: dict[str, dict] = {}
+
+    def do_eval(name, model, **kw):
+        return run.stage(f"eval_{name}", lambda: evaluate(name, model, tok, fmt, ev, cfg.attack, judge, mech_layers,
+                                                          allowed=allowed, seed=cfg.seed, log=log, **kw))  # fmt: skip
+
+    if "base" in cfg.models:
+        results["base"] = do_eval("base", ref)
+    later = [m for m in cfg.models if m != "base"]
+    if any(not run.has(f"stages/eval_{m}.json") for m in later):
+        from reprlab.methods.crl_safety.trainer import Trainer
+        from reprlab.models.lora import add_lora
+
+        lc = cfg.sft.lora
+        work = copy.deepcopy(ref)
+        blocks = None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
+        peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
+        info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
+        run.stage("train_refusal", lambda: info)
+        if "refusal" in cfg.models:
+            results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
+        model0 = peft.merge_and_unload()
+        offset = cfg.sft.optim.steps
+        for kind in ("rr", "crl", "crl_adv"):
+            if kind not in cfg.models:
+                continue
+            if not run.has(f"stages/eval_{kind}.json"):
+                lc = cfg.defense.lora
+                blocks = lora_blocks(lc.blocks, kind, cfg.defense, n_layers)
+                peft = add_lora(model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
+                harm = compliant
+                ben = benign if kind == "rr" else benign_crl
+                info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed).fit()
+                run.stage(f"train_{kind}", lambda info=info: info)
+                results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
+                model0 = peft.unload()
+            offset += cfg.defense.optim.steps
+    for m in cfg.models:
+        if m not in results:
+            results[m] = run.load_json(f"stages/eval_{m}.json")["result"]
+    summary: dict[str, float | int | str] = {}
+    for m in cfg.models:
+        for k, v in headline(results[m]).items():
+            summary[f"{m}.{k}"] = v
+    summary["model"] = cfg.model
+    summary["variant"] = cfg.variant
+    summary["seconds"] = round(time.time() - t_start, 1)
+    return summary
+
+
+# ---------------------------------------------------------------------- report
+
+
+def _stage(run_dir: Path, name: str):
+    p = run_dir / "stages" / f"{name}.json"
+    return json.loads(p.read_text())["result"] if p.exists() else None
+
+
+def report_sections(run_dir: Path) -> list[Section]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import yaml
+
+    run_dir = Path(run_dir)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    evals = {m: _stage(run_dir, f"eval_{m}") for m in MODELS}
+    evals = {m: e for m, e in evals.items() if e is not None}
+    out = []
+    variant = cfg.get("variant", "full")
+    out.append(Section("Setup", (
+        f"Model `{cfg.get('model')}`; variant **{variant}**"
+        + (" (the short demo variant: tiny eval sets and few steps, so numbers are noisy)" if variant == "demo" else "")
+        + ". Five models: base (no defence), refusal (stage-0 LoRA SFT, ours), RR (circuit breakers), CRL, CRL+mining "
+        "(each a LoRA on top of stage 0). Judge: offline markers + degeneration test [ours]; *comply* means the "
+        "model engaged without refusing or degenerating, an upper bound on harmfulness. ASR = share judged comply; "
+        "refuse and degenerate are reported separately. Compliant harmful replies and attack targets are the base "
+        "model's own generations (run time, never committed).")))
+    rows = []
+    for m, e in evals.items():
+        h = headline(e)
+        rows.append({"model": m, **{k: h.get(k, float("nan")) for k in HEADLINE}, "emb_target_loss": h["emb_target_loss"]})
+    out.append(Section("ASR and utility per model", "Lower ASR is better; benign_compliance should stay near stage 0.", table=rows))
+    rows = []
+    for m, e in evals.items():
+        for a in ("direct", "prefill", "embedding", "gcg"):
+            if a in e:
+                rows.append({"model": m, "attack": a, "comply": e[a]["comply"], "refuse": e[a]["refuse"],
+                             "degenerate": e[a]["degenerate"]})  # fmt: skip
+        for a in ("benign", "xstest"):
+            rows.append({"model": m, "attack": f"({a} prompts)", "comply": e[a]["comply"], "refuse": e[a]["refuse"],
+                         "degenerate": e[a]["degenerate"]})  # fmt: skip
+    out.append(Section("Refuse / degenerate / comply shares", table=rows))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for m, e in evals.items():
+        for c in e["embedding"]["configs"][:1]:
+            axes[0].plot(c["curve_mean"], label=f"{m} lr={c['lr']}")
+        if "mechanism" in e:
+            mech = e["mechanism"]
+            axes[1].plot(mech["layers"], mech["cos_harmful"], "-o", label=f"{m} harmful")
+            axes[1].plot(mech["layers"], mech["cos_benign"], "--x", label=f"{m} benign")
+    axes[0].set(xlabel="attack step", ylabel="mean target CE", title="embedding attack (first config)")
+    axes[1].set(xlabel="layer", ylabel="cos(trained, frozen)", title="mechanism")
+    for ax in axes:
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    mech_rows = [{"model": m, "layer": layer, "cos_harmful": ch, "cos_benign": cb, "probe_auroc": au}
+                 for m, e in evals.items() if "mechanism" in e
+                 for layer, ch, cb, au in zip(e["mechanism"]["layers"], e["mechanism"]["cos_harmful"],
+                                              e["mechanism"]["cos_benign"], e["mechanism"]["probe_auroc"])]  # fmt: skip
+    out.append(Section("Embedding attack and mechanism", "cos between each model's and its frozen reference's states "
+                       "(stage 0 for the defences, base for refusal) on held-out response tokens; probe AUROC of "
+                       "harmful vs benign sequences in the model's own states.", table=mech_rows, figure=fig))  # fmt: skip
+    samples = []
+    for m, e in evals.items():
+        for i in range(min(2, len(e["prefill"]["generations"]))):
+            samples.append({"model": m, "prefix": e["prefill"]["prefixes"][i], "continuation": e["prefill"]["generations"][i][:160],
+                            "label": e["prefill"]["labels"][i]})  # fmt: skip
+    out.append(Section("Prefilling samples", table=samples))
+    return out
