@@ -1,0 +1,198 @@
+"""Batched per-layer token states of Hugging Face encoders and decoders, for single words or texts.
+
+Each item (a word, or a text prefix) is tokenised on its own and laid out as
+
+* encoder (BERT family): ``[CLS] pieces [SEP]``; the *pooled* state is the CLS state (position 0);
+* decoder (LLaMA family): ``context pieces [EOS]``; the pooled state is the appended EOS state [paper:
+  "LLaMA's EOS"]. ``context`` is one special token [ours] so the text is not at position 0, whose state is
+  an attention sink with a norm ~10× larger than any other (measured on SmolLM2: 6700 vs 560).
+
+Special tokens are left out of the composed ``pieces`` (brief §8) and reported separately as ``pooled``.
+For decoders the model's final RMSNorm is bypassed by reading its *input* through a forward hook: the
+normalised last state has its norm fixed by the norm's gain, which would erase the quantity under study
+[brief §3; ours for the mechanism].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class TokenStates:
+    """Token states of ``n`` items, padded to ``pos`` pieces.
+
+    Attributes:
+        states: ``(n, n_layers_sel, pos, d_model)`` float32, piece states per selected layer (padding zero).
+        pooled: ``(n, n_layers_sel, d_model)``, the CLS (encoder) or appended EOS (decoder) state.
+        mask: ``(n, pos)`` bool, True on real pieces.
+        piece_ids: ``(n, pos)`` long, token ids of the pieces (padding −1), for input-table lookups.
+        layers: the hidden-state indices kept (0 = embedding output, n_layers = last block).
+        surprisal: ``(n, pos)`` nats, −ln p(piece_i | context, pieces_<i) for decoders, else None.
+    """
+
+    states: Tensor
+    pooled: Tensor
+    mask: Tensor
+    piece_ids: Tensor
+    layers: list[int]
+    surprisal: Tensor | None = None
+
+
+def n_layers_of(model: nn.Module) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "num_hidden_layers", None) or cfg.text_config.num_hidden_layers)
+
+
+def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
+    """Map negative layer indices (−1 = last block) to hidden-state indices and validate them."""
+    n = n_layers_of(model)
+    out = [layer if layer >= 0 else n + 1 + layer for layer in layers]
+    bad = [x for x in out if not 0 <= x <= n]
+    if bad:
+        raise ValueError(f"layers {list(layers)} out of range for a model with {n} layers (valid 0..{n} or -1)")
+    return out
+
+
+def final_norm(model: nn.Module) -> nn.Module | None:
+    """The decoder's final normalisation module (``model.model.norm`` for LLaMA-family), if any."""
+    base = getattr(model, "model", model)
+    for name in ("norm", "final_layernorm", "ln_f"):
+        mod = getattr(base, name, None)
+        if isinstance(mod, nn.Module):
+            return mod
+    return None
+
+
+def piece_ids(tok, texts: Sequence[str], arch: str, max_pieces: int) -> list[list[int]]:
+    """Tokenise each text without special tokens (decoders get a leading space, as inside running text)."""
+    lead = " " if arch == "decoder" else ""
+    out = []
+    for t in texts:
+        ids = tok(lead + t, add_special_tokens=False)["input_ids"]
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        if not ids:
+            raise ValueError(f"text {t!r} tokenises to nothing")
+        out.append(list(ids[:max_pieces]))
+    return out
+
+
+def _special_ids(tok, arch: str) -> tuple[list[int], int]:
+    """(ids placed before the pieces, id appended after them)."""
+    if arch == "encoder":
+        cls_id = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        sep_id = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        if cls_id is None or sep_id is None:
+            raise ValueError("encoder tokenizer has neither CLS/SEP nor BOS/EOS tokens")
+        return [cls_id], sep_id
+    if arch == "decoder":
+        eos = tok.eos_token_id
+        ctx = tok.bos_token_id if tok.bos_token_id is not None else eos
+        if eos is None:
+            raise ValueError("decoder tokenizer has no EOS token")
+        return [ctx], eos
+    raise ValueError(f"arch must be 'encoder' or 'decoder', got {arch!r}")
+
+
+@torch.inference_mode()
+def extract_states(
+    model: nn.Module,
+    tok,
+    texts: Sequence[str],
+    arch: str,
+    layers: Sequence[int] = (-1,),
+    batch_size: int = 128,
+    max_pieces: int = 64,
+    bypass_final_norm: bool = True,
+    progress: Callable[[Iterable, int, str], Iterable] | None = None,
+    device: torch.device | str = "cpu",
+) -> TokenStates:
+    """Run ``model`` over ``texts`` in length-sorted batches and keep the selected layers' states.
+
+    Args:
+        model: an HF encoder (``AutoModel``) or causal LM (``AutoModelForCausalLM``).
+        tok: its tokenizer.
+        texts: words or texts, each encoded on its own.
+        arch: "encoder" or "decoder".
+        layers: hidden-state indices (0 = embeddings output, −1 = last block).
+        batch_size: items per forward pass; ``1`` is the naive per-item loop.
+        max_pieces: truncate each text to this many pieces.
+        bypass_final_norm: decoders only; read the last block's state before the final norm.
+        progress: ``run.progress``-like wrapper ``(iterable, total, desc)``.
+        device: where to run.
+
+    Returns:
+        :class:`TokenStates` in the order of ``texts``.
+    """
+    if not texts:
+        raise ValueError("extract_states: no texts given")
+    sel = resolve_layers(model, layers)
+    n_total = n_layers_of(model)
+    pieces = piece_ids(tok, texts, arch, max_pieces)
+    pre, post = _special_ids(tok, arch)
+    n, pos = len(texts), max(len(p) for p in pieces)
+    d_model = model.get_input_embeddings().weight.shape[1]
+    states = torch.zeros(n, len(sel), pos, d_model)
+    pooled = torch.zeros(n, len(sel), d_model)
+    mask = torch.zeros(n, pos, dtype=torch.bool)
+    ids_out = torch.full((n, pos), -1, dtype=torch.long)
+    surprisal = torch.zeros(n, pos) if arch == "decoder" else None
+
+    captured: dict[str, Tensor] = {}
+    hook = None
+    norm = final_norm(model) if (arch == "decoder" and bypass_final_norm) else None
+    if norm is not None and n_total in sel:
+        hook = norm.register_forward_hook(lambda _m, inp, _o: captured.__setitem__("pre_norm", inp[0]))
+    order = sorted(range(n), key=lambda i: len(pieces[i]))  # length-sorted batches waste little padding
+    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    it = progress(batches, len(batches), f"{arch} states") if progress else batches
+    pad_id = 0 if tok.pad_token_id is None else tok.pad_token_id
+    try:
+        for batch in it:
+            seqs = [pre + pieces[i] + [post] for i in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+            attn = torch.zeros(len(seqs), width, dtype=torch.long)
+            for r, s in enumerate(seqs):  # right padding: causal and absolute-position models both accept it
+                input_ids[r, : len(s)] = torch.tensor(s)
+                attn[r, : len(s)] = 1
+            out = model(input_ids=input_ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
+            hidden = list(out.hidden_states)
+            if hook is not None:
+                hidden[n_total] = captured.pop("pre_norm")
+            stack = torch.stack([hidden[layer] for layer in sel], 1).float().cpu()  # [b, n_sel, width, d_model]
+            logp = out.logits.float().log_softmax(-1).cpu() if arch == "decoder" else None
+            for r, i in enumerate(batch):
+                k = len(pieces[i])
+                start = len(pre)
+                states[i, :, :k] = stack[r, :, start : start + k]
+                pooled[i] = stack[r, :, start + k]  # CLS for encoders is position 0, fixed below
+                if arch == "encoder":
+                    pooled[i] = stack[r, :, 0]
+                mask[i, :k] = True
+                ids_out[i, :k] = torch.tensor(pieces[i])
+                if logp is not None:
+                    # logits at position j predict token j+1
+                    tgt = torch.tensor(pieces[i])
+                    surprisal[i, :k] = -logp[r, start - 1 : start - 1 + k].gather(1, tgt[:, None])[:, 0]
+    finally:
+        if hook is not None:
+            hook.remove()
+    return TokenStates(states, pooled, mask, ids_out, sel, surprisal)
+
+
+def input_table_states(model: nn.Module, piece_ids: Tensor) -> Tensor:
+    """Rows of the model's input embedding table for padded ``piece_ids`` ``(n, pos)`` → ``(n, pos, d_model)``.
+
+    Padding ids (−1) give zero rows. No position embeddings or LayerNorm: this is the static table.
+    """
+    table = model.get_input_embeddings().weight.detach().float().cpu()
+    safe = piece_ids.clamp_min(0)
+    return table[safe] * (piece_ids >= 0).unsqueeze(-1)

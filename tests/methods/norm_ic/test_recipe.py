@@ -1,0 +1,70 @@
+"""End to end: the normic-tiny recipe on a shrunken config, checked against independent scipy oracles."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from reprlab.cli import execute
+from reprlab.methods.norm_ic.recipe import report_sections
+from reprlab.methods.norm_ic.static import load_glove
+
+SMALL = [
+    "ic.corpus=lee", "static.sgns_epochs=1", "vocab.n_eval=150", "vocab.n_fit=250", "vocab.top_k=8000",
+    "decoder.enabled=false", "encoder.layers=[-1]", "encoder.input_table=false", "analysis.n_boot=30",
+    "analysis.compositions=[sum,mean,ind,joint,inf,scaled_c,sif_pc,pooled]", "length.n_docs=2",
+    "length.n_words=12", "length.n_points=4", "length.compositions=[sum,mean,ind,pooled]",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("normic") / "run"
+    return execute("normic-tiny", SMALL, out=out, quiet=True)
+
+
+def test_summary_has_the_issue_keys_with_consistent_cis(tiny_run):
+    s = json.loads((tiny_run / "summary.json").read_text())
+    for src, comp in [("glove", "word"), ("sgns", "word"), ("minilm_L6", "sum"), ("minilm_L6", "pooled")]:
+        for stat in ("spearman", "pearson"):
+            est, lo, hi = (s[f"{src}.{comp}.{stat}{x}"] for x in ("", "_lo", "_hi"))
+            assert -1 <= lo <= est <= hi <= 1, (src, comp, stat)
+    for src in ("glove", "sgns", "minilm_L6"):
+        assert 0 <= s[f"{src}.cer_r2"] <= 1
+    assert "glove.word@whiten_zipf.spearman" in s
+
+
+def test_glove_correlation_matches_scipy_on_raw_arrays(tiny_run):
+    """Oracle: recompute GloVe's raw correlation from the saved eval words with numpy + scipy alone."""
+    s = json.loads((tiny_run / "summary.json").read_text())
+    words = json.loads((tiny_run / "stages" / "setup.json").read_text())["result"]["eval_words"]
+    import wordfreq
+
+    ic = -np.log([wordfreq.word_frequency(w, "en") for w in words])
+    sq = (load_glove().lookup(words).astype(np.float64) ** 2).sum(1)
+    assert s["glove.word.spearman"] == pytest.approx(sps.spearmanr(ic, sq).statistic, abs=1e-9)
+    assert s["glove.word.pearson"] == pytest.approx(sps.pearsonr(ic, sq).statistic, abs=1e-9)
+
+
+def test_report_and_resume(tiny_run):
+    sections = report_sections(tiny_run)
+    titles = [sec.title for sec in sections]
+    assert any("Word level" in t for t in titles) and any("Constant entropy" in t for t in titles)
+    assert all(sec.table for sec in sections[1:])
+    before = json.loads((tiny_run / "summary.json").read_text())
+    execute("normic-tiny", SMALL, out=tiny_run, resume=True, quiet=True)  # every stage is read back
+    after = json.loads((tiny_run / "summary.json").read_text())
+    assert {k: v for k, v in after.items() if k != "wall_time_s"} == {
+        k: v for k, v in before.items() if k != "wall_time_s"}
+
+
+@pytest.mark.slow
+def test_full_normic_tiny_with_smollm2(tmp_path):
+    """The shipped recipe as is (about 5 minutes on 2 cores): decoder keys, LM IC and EOS fixed point exist."""
+    run_dir = execute("normic-tiny", [], out=tmp_path / "run", quiet=True)
+    s = json.loads((run_dir / "summary.json").read_text())
+    for key in ("smollm2_L30.pooled.spearman", "smollm2_input.sum.spearman", "smollm2_L30.cer_r2",
+                "smollm2_L30.pooled.fixed_cos", "minilm_L6.pooled.fixed_cos", "glove.cer_r2"):
+        assert np.isfinite(s[key]), key
+    assert (run_dir / "analysis" / "lm_ic.json").exists()
