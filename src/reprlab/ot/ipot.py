@@ -63,6 +63,8 @@ def ipot(
     """
     if inner_iters < 1:
         raise ValueError(f"inner_iters must be >= 1; got {inner_iters}")
+    if not (0 < beta < float("inf")):
+        raise ValueError(f"beta must be a positive finite number; got {beta}")
     unbatched = C.dim() == 2
     if unbatched:
         C, a, b = C.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0)
@@ -71,7 +73,9 @@ def ipot(
         Cs = _sanitize(C.detach(), a, b)
         _check_finite(Cs, 0)
         col_valid = (b > 0)[:, None, :]
-        shift = torch.where(col_valid, Cs, torch.full((), float("inf"), dtype=Cs.dtype)).amin(2)  # (batch, n)
+        shift = torch.where(
+            col_valid, Cs, torch.full((), float("inf"), dtype=Cs.dtype, device=Cs.device)
+        ).amin(2)  # (batch, n)
         A = torch.exp((shift[:, :, None] - Cs) / beta)  # (batch, n, m), every valid row has a 1
         # UNITER's start: P^0 = 1 (all ones), sigma = b.
         plan = torch.ones_like(A)

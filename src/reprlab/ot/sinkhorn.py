@@ -252,7 +252,9 @@ def _chunked_fast_sinkhorn(
     """
     batch = C.shape[0]
     plan = torch.empty_like(C)
-    bounds = [(lo, min(lo + CHUNK, batch)) for lo in range(0, batch, CHUNK)]
+    # On an accelerator, chunking would only multiply kernel launches: one chunk, no thread pool.
+    chunk = CHUNK if C.device.type == "cpu" else batch
+    bounds = [(lo, min(lo + chunk, batch)) for lo in range(0, batch, chunk)]
 
     def solve(lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int, str]:
         with torch.no_grad():  # grad mode is thread-local: worker threads need their own
@@ -267,6 +269,10 @@ def _chunked_fast_sinkhorn(
             cost = torch.bmm(plan_c.reshape(hi - lo, 1, -1), Cc.reshape(hi - lo, -1, 1)).reshape(-1)
             return f, g, cost, plan_c.sum(2), plan_c.sum(1), done, solver
 
+    if len(bounds) == 1 and C.device.type != "cpu":
+        outs = [solve(0, batch)]
+        f, g, cost, rows, cols = outs[0][:5]
+        return f, g, plan, cost, (rows, cols), outs[0][5], outs[0][6]
     threads = torch.get_num_threads()
     workers = min(threads, len(bounds))
     torch.set_num_threads(1)
@@ -308,7 +314,7 @@ def _fast_sinkhorn(
     # Start: g = 0 and f absorbed as the row minimum of C over valid columns, so every valid row of the
     # first kernel has an entry exactly 1. This only reparametrises f (the first update overwrites it).
     col_valid = (b > 0)[:, None, :]
-    f = torch.where(col_valid, C, torch.full((), float("inf"), dtype=C.dtype)).amin(2)
+    f = torch.where(col_valid, C, torch.full((), float("inf"), dtype=C.dtype, device=C.device)).amin(2)
     g = torch.zeros_like(b)
     K = torch.empty_like(C) if out is None else out  # kernel, reused across absorptions; becomes the plan
     KT = torch.empty(batch, m, n, dtype=C.dtype, device=C.device)  # contiguous transpose for K (b t)

@@ -46,7 +46,7 @@ def test_marginals_match_weights_at_convergence(shape, eps):
     assert bool((r.plan >= 0).all())
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(shapes)
 def test_permuting_points_permutes_plan(shape):
     batch, n, m, seed = shape
@@ -60,20 +60,20 @@ def test_permuting_points_permutes_plan(shape):
     torch.testing.assert_close(rp.cost, r.cost, atol=1e-12, rtol=1e-10)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(shapes)
 def test_symmetric_cost_gives_symmetric_distance(shape):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
     # OT(a, b; C) = OT(b, a; C^T): a symmetric cost function gives a symmetric distance. The update order
-    # differs between the two solves, so compare at convergence (500 iterations at eps = 0.2).
-    r = sinkhorn(C, a, b, 0.2, n_iters=500)
-    rt = sinkhorn(C.transpose(1, 2), b, a, 0.2, n_iters=500)
+    # differs between the two solves, so compare at convergence (300 iterations at eps = 0.3).
+    r = sinkhorn(C, a, b, 0.3, n_iters=300)
+    rt = sinkhorn(C.transpose(1, 2), b, a, 0.3, n_iters=300)
     torch.testing.assert_close(rt.cost, r.cost, atol=1e-10, rtol=0)
     torch.testing.assert_close(rt.plan, r.plan.transpose(1, 2), atol=1e-10, rtol=0)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(shapes, st.floats(-3.0, 3.0))
 def test_translating_cost_shifts_cost_by_constant(shape, shift):
     batch, n, m, seed = shape
@@ -203,12 +203,12 @@ def test_envelope_gradient_is_the_plan():
 
 def test_envelope_gradient_matches_finite_differences_of_the_objective():
     # d/dC [min_P <P, C> - eps H(P)] = P* (Danskin), so finite differences of reg_cost must match the
-    # envelope gradient once the solver has converged (eps = 0.5: 300 iterations reach machine precision).
+    # envelope gradient once the solver has converged (eps = 1: 150 iterations reach machine precision).
     C, a, b = _problem(2, 4, 3, seed=8)
     C.requires_grad_(True)
 
     def objective(C):
-        return sinkhorn(C, a, b, 0.5, n_iters=300).reg_cost
+        return sinkhorn(C, a, b, 1.0, n_iters=150).reg_cost
 
     assert torch.autograd.gradcheck(objective, (C,), eps=1e-6, atol=1e-7, rtol=1e-5)
 
