@@ -65,7 +65,11 @@ def add_targeted(pairs: PairSet, x: np.ndarray, y: np.ndarray, n_targets: int, n
         pool = [i for i, c in enumerate(pairs.captions) if pairs.kind[i] == 0 and mentions(c, name)]
         if len(pool) < n_captions:
             raise ValueError(f"only {len(pool)} training captions mention {name!r}; need {n_captions}")
-        chosen = rng.choice(pool, size=n_captions, replace=False)
+        # [ours] the attacker prefers captions naming few other items (random order among equals): on a
+        # tiny corpus a caption listing four items carries too little of the target class to poison with
+        pool = [pool[i] for i in rng.permutation(len(pool))]
+        pool.sort(key=lambda i: sum(mentions(pairs.captions[i], c) for c in pairs.class_names))
+        chosen = np.asarray(pool[:n_captions])
         new_images.append(targets.images[t : t + 1].expand(n_captions, -1, -1, -1))
         new_caps += [pairs.captions[i] for i in chosen]
         new_sig.append(pairs.sig[torch.as_tensor(chosen)])

@@ -1,0 +1,195 @@
+"""``reprlab otcclip audit``: rank a dataset's image-caption pairs by how suspicious they are [ours, beyond
+the paper].
+
+For each pair i with image features (u_i, V_i) and caption features (w_i, T_i) we compute the OTCCLIP
+matching score of its own caption, S_own = alpha cos(u_i, w_i) - (1 - alpha) D(V_i, T_i), and re-run
+OTCCLIP re-matching against a pool of the dataset's captions (global top-k shortlist, OT re-ranking). The
+suspicion score is the margin S_best - S_own: how much better the best other caption fits the image than
+its own. Pairs whose best caption is a different text with a positive margin are flagged; the report
+lists the top pairs with thumbnails and the suggested caption.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from reprlab.methods.otcclip.evaluate import to_input
+from reprlab.methods.otcclip.losses import OTConfig, ot_distances
+from reprlab.methods.otcclip.matching import otc_rematch
+from reprlab.methods.otcclip.mosaic import PairSet
+
+
+@dataclass
+class AuditResult:
+    """Per pair (length N): ``score`` margin, ``cos`` own cosine, ``ot`` own OT distance, ``suggested``
+    caption index into the dataset, ``flagged`` bool."""
+
+    score: np.ndarray
+    cos: np.ndarray
+    ot: np.ndarray
+    suggested: np.ndarray
+    flagged: np.ndarray
+
+
+@torch.no_grad()
+def audit_pairs(model, tokenizer, pairs: PairSet, top_k: int = 16, alpha: float = 0.5, ot: OTConfig | None = None,
+                batch_size: int = 256, pool_size: int = 4096, seed: int = 0) -> AuditResult:
+    """Score every pair of ``pairs`` (see module docstring).
+
+    Args:
+        model: TinyCLIP or :class:`HFCLIPAdapter`.
+        tokenizer: with ``encode(texts, max_len)`` / ``decode``.
+        pairs: images ``uint8 (N, C, H, W)`` and captions.
+        top_k, alpha, ot: re-matching settings (as in training).
+        pool_size: captions in the candidate pool (a seeded random subset when N is larger).
+    """
+    ot = ot or OTConfig()
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    ids, mask = tokenizer.encode(pairs.captions, model.cfg.max_len)
+    n = len(pairs)
+    pool_idx = torch.arange(n) if n <= pool_size else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:pool_size]
+    tg, tt = [], []
+    for s in range(0, len(pool_idx), batch_size):
+        f = model.encode_text(ids[pool_idx[s : s + batch_size]].to(dev), mask[pool_idx[s : s + batch_size]].to(dev))
+        tg.append(f.global_)
+        tt.append(f.tokens)
+    pool_g, pool_t, pool_m = torch.cat(tg), torch.cat(tt), mask[pool_idx].to(dev)
+    out = {k: [] for k in ("score", "cos", "ot", "suggested")}
+    for s in range(0, n, batch_size):
+        rows = slice(s, min(n, s + batch_size))
+        img = model.encode_image(to_input(pairs.images[rows]).to(dev))
+        txt = model.encode_text(ids[rows].to(dev), mask[rows].to(dev))
+        cos = (img.global_ * txt.global_).sum(-1)
+        d = ot_distances(img.patches, txt.tokens, img.mask, txt.mask, ot)
+        own = alpha * cos - (1 - alpha) * d
+        match = otc_rematch(img.global_, img.patches, pool_g, pool_t, pool_m, top_k, alpha, ot, img.mask)
+        out["score"].append((match.score - own).cpu())
+        out["cos"].append(cos.cpu())
+        out["ot"].append(d.cpu())
+        out["suggested"].append(pool_idx[match.index.cpu()])
+    model.train(was)
+    res = {k: torch.cat(v).numpy() for k, v in out.items()}
+    caps = np.asarray(pairs.captions, dtype=object)
+    different = caps[res["suggested"]] != caps
+    return AuditResult(res["score"], res["cos"], res["ot"], res["suggested"], different & (res["score"] > 0))
+
+
+def precision_recall(result: AuditResult, is_poison: np.ndarray, top: int | None = None) -> dict[str, float]:
+    """Precision/recall of the flagged set (or of the ``top`` highest scores) against known poisons."""
+    if top is None:
+        flagged = result.flagged
+    else:
+        flagged = np.zeros(len(result.score), bool)
+        flagged[np.argsort(-result.score)[:top]] = True
+    tp = int((flagged & is_poison).sum())
+    return {"precision": tp / max(int(flagged.sum()), 1), "recall": tp / max(int(is_poison.sum()), 1),
+            "n_flagged": int(flagged.sum())}
+
+
+def _thumb(img: np.ndarray) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    arr = img.transpose(1, 2, 0)
+    plt.imsave(buf, arr.squeeze(-1) if arr.shape[-1] == 1 else arr, cmap="gray", format="png")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_outputs(out: Path, pairs: PairSet, names: list[str], result: AuditResult, top: int,
+                  extra: dict | None = None) -> None:
+    """``flagged.csv`` (all pairs ranked, flag column), ``audit.html`` (top pairs with thumbnails), ``audit.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(-result.score)
+    with open(out / "flagged.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["rank", "index", "image", "caption", "suggested_caption", "score", "cos", "ot", "flagged"])
+        for r, i in enumerate(order):
+            w.writerow([r, int(i), names[i], pairs.captions[i], pairs.captions[result.suggested[i]],
+                        f"{result.score[i]:.4f}", f"{result.cos[i]:.4f}", f"{result.ot[i]:.4f}", int(result.flagged[i])])
+    rows = []
+    for i in order[:top]:
+        rows.append(
+            f"<tr><td><img src='data:image/png;base64,{_thumb(pairs.images[i].numpy())}' width=84></td>"
+            f"<td>{html.escape(names[i])}</td><td>{html.escape(pairs.captions[i])}</td>"
+            f"<td>{html.escape(pairs.captions[result.suggested[i]])}</td><td>{result.score[i]:.3f}</td>"
+            f"<td>{'yes' if result.flagged[i] else ''}</td></tr>")
+    summary = {"n_pairs": len(pairs), "n_flagged": int(result.flagged.sum()), **(extra or {})}
+    (out / "audit.json").write_text(json.dumps(summary, indent=2))
+    (out / "audit.html").write_text(
+        "<html><head><meta charset='utf-8'><title>OTCCLIP audit</title></head><body>"
+        f"<h1>OTCCLIP audit</h1><pre>{html.escape(json.dumps(summary, indent=2))}</pre>"
+        "<p>Score = best re-matching score of another caption minus the own caption's score "
+        "(alpha cos - (1 - alpha) OT distance); flagged = a different caption fits better.</p>"
+        "<table border=1 cellpadding=4><tr><th>image</th><th>name</th><th>caption</th><th>suggested</th>"
+        f"<th>score</th><th>flagged</th></tr>{''.join(rows)}</table></body></html>", encoding="utf-8")
+
+
+def load_run_model(run_dir: Path, defense: str = "otcclip"):
+    """Rebuild a TinyCLIP trained by an ``otcclip-*`` run from its config, tokenizer and checkpoint."""
+    from reprlab.config import load_config
+    from reprlab.methods.otcclip.model import TinyCLIP
+    from reprlab.methods.otcclip.recipe import Config
+    from reprlab.methods.otcclip.tokenizer import WordTokenizer
+    from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
+
+    run_dir = Path(run_dir)
+    cfg_path, tok_path = run_dir / "config.yaml", run_dir / "artifacts" / "tokenizer.json"
+    for p in (cfg_path, tok_path):
+        if not p.exists():
+            raise FileNotFoundError(f"{p} not found: is {run_dir} an otcclip run folder?")
+    cfg = load_config(Config, yaml.safe_load(cfg_path.read_text()))
+    tok = WordTokenizer.load(tok_path)
+    ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
+    model = TinyCLIP(cfg.model, len(tok), 3 if cfg.data.tint else 1)
+    load_checkpoint_dir(ckpts[-1], {"model": model}, None, restore_rng=False)  # bank/state are not needed
+    return model, tok, cfg
+
+
+def load_hf_model(model_id: str, max_len: int = 77):
+    """A Hugging Face CLIP (hub id or local folder) and its tokenizer, behind our interfaces."""
+    from transformers import AutoTokenizer, CLIPModel
+
+    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter
+
+    clip = CLIPModel.from_pretrained(model_id)
+    return HFCLIPAdapter(clip, max_len), HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
+
+
+def main(data: Path, out: Path, run_dir: Path | None = None, defense: str = "otcclip", hf_model: str | None = None,
+         top: int = 50, top_k: int = 16, alpha: float = 0.5, max_items: int | None = None) -> dict:
+    """Audit a user dataset with a model from an otcclip run (``run_dir``) or a Hugging Face CLIP.
+
+    Writes ``out/flagged.csv``, ``out/audit.html`` and ``out/audit.json``; returns the summary.
+    """
+    from reprlab.methods.otcclip.datasets import load_pairs
+
+    if (run_dir is None) == (hf_model is None):
+        raise ValueError("give exactly one of run_dir (an otcclip run folder) or hf_model (a CLIP id/folder)")
+    if run_dir is not None:
+        model, tok, cfg = load_run_model(run_dir, defense)
+        size, channels, ot = cfg.model.image_size, 3 if cfg.data.tint else 1, cfg.defense.ot
+    else:
+        model, tok = load_hf_model(hf_model)
+        size, channels, ot = model.image_size, 3, OTConfig()
+    pairs, names, report = load_pairs(data, image_size=size, channels=channels, max_items=max_items)
+    result = audit_pairs(model, tok, pairs, top_k=top_k, alpha=alpha, ot=ot)
+    extra = {"source": str(data), **report.as_summary("data")}
+    write_outputs(Path(out), pairs, names, result, top, extra)
+    return {"n_pairs": len(pairs), "n_flagged": int(result.flagged.sum()), **report.as_summary("data")}

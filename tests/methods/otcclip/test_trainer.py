@@ -1,0 +1,119 @@
+"""The one trainer: every defense runs, diagnostics are right, and 2-rank gloo equals 1 process."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from reprlab.methods.otcclip.losses import OTConfig
+from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.mosaic import SignatureIndex, make_mosaics
+from reprlab.methods.otcclip.poison import add_backdoor
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words, lr_factor
+
+CFG = ModelConfig(patch_size=14, width=32, layers=1, heads=2, text_width=32, text_layers=1, text_heads=2,
+                  max_len=24, embed_dim=16)
+DCFG = DefenseConfig(bank_size=64, top_k=4, rematch_warmup=1, rematch_every=1, intra_subset=4,
+                     safeclip_unimodal_epochs=1, ot=OTConfig(n_iters=20))
+
+
+def _data(items, n=32):
+    sigs = SignatureIndex()
+    pairs = make_mosaics(n, seed=0, source=items, signatures=sigs)
+    return add_backdoor(pairs, n_poison=4, target_class=8, trigger="badnets", seed=1, signatures=sigs)
+
+
+def _trainer(items, defense, epochs=3, batch=8, dist=None, n=32, sgd=False):
+    data = _data(items, n)
+    tok = WordTokenizer.from_texts(data.captions)
+    torch.manual_seed(0)
+    model = TinyCLIP(CFG, len(tok))
+    tr = Trainer(model, data, tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2), DCFG,
+                 seed=0, dist=dist)
+    if sgd:
+        # Adam divides by sqrt(v): float-noise gradients (the attention key bias has an exact gradient of 0)
+        # become lr-sized steps, so rank-vs-single equality is checked with SGD, which keeps noise small
+        tr.opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    return tr
+
+
+@pytest.mark.parametrize("defense,phases", [
+    ("none", ["clip", "clip", "clip"]),
+    ("roclip", ["clip", "roclip_match", "roclip_match"]),
+    ("safeclip", ["unimodal", "clip_lowlr", "safe_split"]),
+    ("otcclip", ["otc", "otc_match", "otc_match"]),
+])
+def test_every_defense_trains_with_finite_losses_and_sane_diagnostics(items, defense, phases):
+    tr = _trainer(items, defense)
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    stats = [tr.run_epoch(e) for e in range(3)]
+    assert [s["phase"] for s in stats] == phases
+    assert all(torch.isfinite(torch.tensor(s["loss"])) for s in stats)
+    assert any((p != b).any() for p, b in zip(tr.model.parameters(), before))
+    for s in stats:
+        if "rematch_poison_moved" in s:
+            assert 0 <= s["rematch_poison_moved"] <= 1 and 0 <= s["rematch_clean_kept"] <= 1
+            assert s["n_poison_seen"] + s["n_clean_seen"] == 32  # every pair is matched once per epoch
+    if defense == "safeclip":
+        assert 0 < stats[-1]["safe_share"] <= 1 and 0 <= stats[-1]["poison_in_risky"] <= 1
+    if defense in ("roclip", "otcclip"):
+        assert len(tr.bank) == min(64, 3 * 32) and tr.examples  # bank filled, examples recorded
+
+
+def test_rematch_counts_follow_their_definition(items):
+    tr = _trainer(items, "otcclip")
+    poison_rows = torch.nonzero(tr.poison).flatten()[:2]
+    clean_rows = torch.nonzero(~tr.poison).flatten()[:2]
+    loc = torch.cat([poison_rows, clean_rows])
+    sig = tr.data.sig[loc].clone()
+    new_sig = torch.stack([sig[0], torch.tensor(10_000), sig[2], torch.tensor(10_000)])
+    new_poison = torch.tensor([True, False, False, False])
+    # poison 0 keeps its poison caption; poison 1 moves to a clean, different caption; clean 0 kept; clean 1 not
+    assert tr._count(loc, new_sig, new_poison).tolist() == [2, 1, 2, 1]
+
+
+def test_schedule_and_word_dropout():
+    assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1) and lr_factor(9, 10, 100, 0.1) == 1.0
+    assert lr_factor(100, 10, 100, 0.1) == pytest.approx(0.1)  # cosine ends at min_ratio
+    ids = torch.tensor([[5, 6, 7, 0], [5, 0, 0, 0]])
+    new, mask = drop_words(ids, ids != 0, torch.Generator().manual_seed(0), p=1.0)
+    assert mask.sum(1).tolist() == [1, 1] and new[0, 0] == 5  # always at least one word kept, left-packed
+
+
+def _worker(rank, world, init_file, items, out_file):
+    from reprlab.train.dist import DistInfo, init_distributed
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    info = init_distributed(device="cpu")
+    assert info == DistInfo(rank, world, rank, torch.device("cpu"))
+    tr = _trainer(items, "otcclip", epochs=2, batch=8, dist=info, n=16, sgd=True)
+    for e in range(2):
+        tr.run_epoch(e)
+    if rank == 0:
+        torch.save({k: v.clone() for k, v in tr.model.state_dict().items()}, out_file)
+    torch.distributed.destroy_process_group()
+
+
+def _init(items):
+    return _trainer(items, "otcclip", epochs=2, batch=8, n=16).model.state_dict()
+
+
+def test_two_gloo_ranks_equal_one_process_on_the_same_global_batch(items):
+    """OTCCLIP epochs 0 (plain + OT losses) and 1 (re-matching over the gathered pool) on 2 CPU ranks."""
+    single = _trainer(items, "otcclip", epochs=2, batch=8, n=16, sgd=True)
+    for e in range(2):
+        single.run_epoch(e)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ddp.pt")
+        mp.spawn(_worker, args=(2, os.path.join(tmp, "init"), items, out), nprocs=2, join=True)
+        ddp = torch.load(out)
+    for name, p in single.model.state_dict().items():
+        # float32 sums in a different order (all-reduce) after 4 SGD steps: agree to ~1e-6
+        assert torch.allclose(p, ddp[name], atol=1e-5, rtol=1e-4), name
+    moved = sum(float((p - q).abs().sum()) for p, q in zip(single.model.state_dict().values(), _init(items).values()))
+    assert moved > 1e-2  # the comparison is not vacuous: training changed the weights
