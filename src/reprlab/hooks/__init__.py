@@ -1,0 +1,13 @@
+"""Named hook points, activation cache and patching context managers (shared by interp code).
+
+See :mod:`reprlab.hooks.sites` for the hook-name vocabulary and :mod:`reprlab.hooks.context` for usage.
+"""
+
+from reprlab.hooks.context import Cache, hooks, patch, patch_positions, replace_with, run_with_cache
+from reprlab.hooks.hook_point import HookPoint
+from reprlab.hooks.sites import Site, final_norm_and_unembed, is_hooked_gpt, n_layers, resolve
+
+__all__ = [
+    "Cache", "HookPoint", "Site", "final_norm_and_unembed", "hooks", "is_hooked_gpt", "n_layers",
+    "patch", "patch_positions", "replace_with", "resolve", "run_with_cache",
+]  # fmt: skip

@@ -1,0 +1,110 @@
+"""Resolve hook names to (module, kind) sites, for our GPT and for Hugging Face causal LMs.
+
+Hook names follow one vocabulary for every model:
+
+* ``blocks.{i}.hook_resid_pre`` / ``hook_resid_mid`` / ``hook_resid_post``: residual stream (batch, pos, d_model)
+* ``blocks.{i}.attn.hook_z``: per-head attention output before the output projection (batch, pos, n_heads, d_head)
+* ``blocks.{i}.attn.hook_out``: attention output added to the residual (batch, pos, d_model)
+* ``blocks.{i}.mlp.hook_post``: MLP neuron activations, the input of the output projection (batch, pos, d_mlp)
+* ``blocks.{i}.mlp.hook_out``: MLP output added to the residual (batch, pos, d_model)
+
+For our GPT (``reprlab.models.gpt``) every name is a ``HookPoint`` submodule. For a Hugging Face model the
+adapter maps names onto its modules: ``resid_pre`` is the input of decoder layer ``i``, ``resid_post`` its
+output, ``mlp.hook_post`` the input of the MLP down-projection (``c_proj`` / ``down_proj``: for gated MLPs
+this is ``act(gate) * up``, the tensor whose coordinates are the neurons). ``resid_mid`` and ``hook_z``
+do not exist as tensors in HF models and raise ``KeyError`` naming the available sites.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import nn
+
+from reprlab.hooks.hook_point import HookPoint
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a named activation lives.
+
+    Attributes:
+        module: the module to hook.
+        kind: ``"output"`` (the module's output, first element if a tuple) or ``"input"`` (its first
+            positional input or ``hidden_states`` keyword).
+    """
+
+    module: nn.Module
+    kind: Literal["output", "input"]
+
+
+def _hf_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module]:
+    """(decoder layers, final norm, unembedding) of a HF causal LM (GPT-2 and Llama-style layouts)."""
+    if hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2, GPT-J style
+        return model.transformer.h, model.transformer.ln_f, model.get_output_embeddings()
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "layers") and hasattr(inner, "norm"):  # Llama, Mistral, Qwen
+        return inner.layers, inner.norm, model.get_output_embeddings()
+    raise TypeError(
+        f"unsupported model layout {type(model).__name__}: expected `transformer.h` (GPT-2) or "
+        "`model.layers` + `model.norm` (Llama-style)"
+    )
+
+
+def is_hooked_gpt(model: nn.Module) -> bool:
+    """True for models that carry their own ``HookPoint`` modules (``reprlab.models.gpt.GPT``)."""
+    return any(isinstance(m, HookPoint) for m in model.modules())
+
+
+def n_layers(model: nn.Module) -> int:
+    """Number of transformer blocks of a hooked GPT or a HF causal LM."""
+    if is_hooked_gpt(model):
+        return len(model.blocks)
+    return len(_hf_parts(model)[0])
+
+
+def final_norm_and_unembed(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(final LayerNorm/RMSNorm, unembedding Linear)``: what the logit lens applies to a residual."""
+    if is_hooked_gpt(model):
+        return model.ln_final, model.unembed
+    _, norm, head = _hf_parts(model)
+    return norm, head
+
+
+_HF_PATTERN = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|attn\.hook_out|mlp\.hook_out|mlp\.hook_post)$")
+
+
+def resolve(model: nn.Module, name: str) -> Site:
+    """Map a hook name to its :class:`Site`; unknown names raise ``KeyError`` listing valid ones."""
+    if is_hooked_gpt(model):
+        modules = dict(model.named_modules())
+        mod = modules.get(name)
+        if not isinstance(mod, HookPoint):
+            valid = [n for n, m in modules.items() if isinstance(m, HookPoint)]
+            raise KeyError(f"unknown hook {name!r}; valid hooks: {valid}")
+        return Site(mod, "output")
+    match = _HF_PATTERN.match(name)
+    layers, _, _ = _hf_parts(model)
+    if match is None or int(match.group(1)) >= len(layers):
+        raise KeyError(
+            f"unknown hook {name!r} for {type(model).__name__}; valid: blocks.{{0..{len(layers) - 1}}}."
+            "{hook_resid_pre, hook_resid_post, attn.hook_out, mlp.hook_out, mlp.hook_post}"
+        )
+    layer = layers[int(match.group(1))]
+    what = match.group(2)
+    if what == "hook_resid_pre":
+        return Site(layer, "input")
+    if what == "hook_resid_post":
+        return Site(layer, "output")
+    attn = getattr(layer, "attn", None) or layer.self_attn
+    mlp = layer.mlp
+    if what == "attn.hook_out":
+        return Site(attn, "output")
+    if what == "mlp.hook_out":
+        return Site(mlp, "output")
+    down = getattr(mlp, "c_proj", None) or getattr(mlp, "down_proj", None)
+    if down is None:
+        raise KeyError(f"cannot find the MLP down-projection (c_proj/down_proj) of {type(mlp).__name__}")
+    return Site(down, "input")

@@ -1,0 +1,236 @@
+"""FDA analyses of a trained model, each returning a JSON-able dict (saved as an artefact by the recipe).
+
+Layer/position choices and summary statistics are [ours]; the method names follow Reason to Rote
+(arXiv 2507.04782): logit lens, probes, INLP, attribution-patching circuits, outlier-heuristic neurons.
+Positions: the answer starts at sequence index ``s`` (= 10 for FDA); the logits at ``s - 1 + j`` predict
+answer token ``j``. For a noisy item, ``k`` is the first answer index where ỹ and y* differ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from reprlab.hooks import hooks
+from reprlab.interp.attribution import (
+    ItemMetric,
+    attribution_patching,
+    faithfulness,
+    iou,
+    node_hooks,
+    node_means,
+    random_iou_baseline,
+)
+from reprlab.interp.inlp import inlp, project_out_hook, random_projection
+from reprlab.interp.logit_lens import logit_lens, residual_names
+from reprlab.interp.neurons import outlier_neuron_analysis
+from reprlab.interp.probing import collect, probe_grid
+from reprlab.methods.reason_to_rote.dataset import Batch, Item
+from reprlab.methods.reason_to_rote.evaluate import answer_matches
+from reprlab.methods.reason_to_rote.fda import answer_columns, column_features
+
+
+def first_diff(noisy: Batch) -> Tensor:
+    """(m,) first answer index where the noisy and true answers differ."""
+    diff = noisy.ids != noisy.ids_true  # (m, pos)
+    return diff.float().argmax(1) - noisy.answer_start
+
+
+def tokens_at(ids: Tensor, at: Tensor) -> Tensor:
+    return ids[torch.arange(ids.shape[0]), at]
+
+
+def run_logit_lens(model: nn.Module, noisy: Batch) -> dict:
+    """Logit lens on noisy items at the first differing answer position: a = true y*, b = noisy ỹ."""
+    k = first_diff(noisy)
+    at = noisy.answer_start + k
+    res = logit_lens(model, noisy.ids, at - 1, tokens_at(noisy.ids_true, at), tokens_at(noisy.ids, at))
+    out = res.to_json()
+    out["labels"] = {"a": "true answer y*", "b": "noisy label ỹ"}
+    out["first_diff_histogram"] = np.bincount(k.numpy(), minlength=6).tolist()
+    return out
+
+
+def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, train_items: list[Item],
+               test: Batch, test_items: list[Item], noisy: Batch, noisy_items: list[Item],
+               seed: int) -> dict:  # fmt: skip
+    """Probes for carries c_0..c_3 and sum digits s_0..s_4 on residual streams at the answer positions.
+
+    Trained on clean training items; evaluated on held-out clean test items and on noisy training items
+    (against their *true* intermediate values). Controls: shuffled labels, and a random-init model at each
+    target's best cell.
+    """
+    names = residual_names(model)
+    layers = ["embed"] + [f"block{i}" for i in range(len(names) - 1)]
+    s = int(train_clean.answer_start[0])
+    positions = list(range(s - 1, s + 5))  # '=' and the first 5 answer tokens: they predict answer 0..5
+    acts = {n: collect(model, b.ids, names, positions) for n, b in
+            (("train", train_clean), ("test", test), ("noisy", noisy))}  # fmt: skip
+    rand_acts = {n: collect(random_model, b.ids, names, positions) for n, b in
+                 (("train", train_clean), ("test", test), ("noisy", noisy))}  # fmt: skip
+    targets = {f"carry{k}": lambda it, k=k: it.meta["carries"][k] for k in range(4)}
+    targets |= {f"sum_digit{k}": lambda it, k=k: it.meta["sum_digits"][k] for k in range(5)}
+    results, summary = {}, {}
+    for name, get in targets.items():
+        ys = {n: np.array([get(it) for it in items]) for n, items in
+              (("train", train_items), ("test", test_items), ("noisy", noisy_items))}  # fmt: skip
+        grid = probe_grid(name, acts["train"], ys["train"],
+                          {"clean_test": (acts["test"], ys["test"]), "noisy": (acts["noisy"], ys["noisy"])},
+                          layers, positions, seed=seed, shuffle_control=name.startswith("carry"))  # fmt: skip
+        li, pi = grid.best
+        rgrid = probe_grid(name, rand_acts["train"][li:li + 1, :, pi:pi + 1], ys["train"],
+                           {"clean_test": (rand_acts["test"][li:li + 1, :, pi:pi + 1], ys["test"])},
+                           layers[li:li + 1], positions[pi:pi + 1], seed=seed, shuffle_control=False)  # fmt: skip
+        results[name] = grid.to_json()
+        summary[name] = {
+            "best_layer": layers[li], "best_position": positions[pi],
+            "acc_clean": float(grid.acc["clean_test"][li, pi]), "acc_noisy": float(grid.acc["noisy"][li, pi]),
+            "acc_shuffled": float(grid.acc_shuffled[li, pi]), "acc_random_model": float(rgrid.acc["clean_test"][0, 0]),
+            "majority": grid.majority,
+        }  # fmt: skip
+    carries = [summary[f"carry{k}"] for k in range(4)]
+    return {
+        "grids": results, "best": summary, "layers": layers, "positions": positions,
+        "carry_acc_clean": float(np.mean([c["acc_clean"] for c in carries])),
+        "carry_acc_noisy": float(np.mean([c["acc_noisy"] for c in carries])),
+        "carry_acc_shuffled": float(np.mean([c["acc_shuffled"] for c in carries])),
+        "carry_acc_random_model": float(np.mean([c["acc_random_model"] for c in carries])),
+    }  # fmt: skip
+
+
+def _em_with(model: nn.Module, batch: Batch, ids: Tensor, fwd_hooks) -> float:
+    with hooks(model, fwd_hooks):
+        return answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
+
+
+def run_inlp(model: nn.Module, probes: dict, train_clean: Batch, train_items: list[Item], test: Batch,
+             noisy: Batch, n_iters: int, seed: int) -> dict:  # fmt: skip
+    """INLP on each carry at its best block (non-embedding) cell; all four removed together.
+
+    Reports noisy-label memorisation, true-answer rate on noisy items and clean test EM, before and after
+    the intervention and with random subspaces of the same ranks at the same cells (control).
+    """
+    names = residual_names(model)
+    layers, positions = probes["layers"], probes["positions"]
+    cells, fwd, fwd_rand = [], [], []
+    for k in range(4):
+        acc = np.array(probes["grids"][f"carry{k}"]["acc"]["clean_test"])
+        acc[0] = -1  # exclude the embedding layer: it holds no computed carry
+        li, pi = np.unravel_index(np.argmax(acc), acc.shape)
+        x = collect(model, train_clean.ids, [names[li]], [positions[pi]])[0, :, 0].numpy()
+        y = np.array([it.meta["carries"][k] for it in train_items])
+        res = inlp(x, y, n_iters=n_iters, seed=seed)
+        fwd.append((names[li], project_out_hook(res.projection, [positions[pi]])))
+        fwd_rand.append((names[li], project_out_hook(random_projection(x.shape[1], res.rank, seed + k),
+                                                     [positions[pi]])))  # fmt: skip
+        cells.append({"carry": k, "layer": layers[li], "position": positions[pi], "rank": res.rank,
+                      "accuracies": [round(a, 4) for a in res.accuracies], "majority": res.majority,
+                      "converged": res.converged})  # fmt: skip
+
+    def measure(h) -> dict:
+        return {"noisy_memorized": _em_with(model, noisy, noisy.ids, h),
+                "noisy_true_answer": _em_with(model, noisy, noisy.ids_true, h),
+                "clean_test_em": _em_with(model, test, test.ids, h)}  # fmt: skip
+
+    base, after, rand = measure([]), measure(fwd), measure(fwd_rand)
+    return {
+        "cells": cells, "before": base, "inlp": after, "random": rand,
+        "memorization_drop": base["noisy_memorized"] - after["noisy_memorized"],
+        "random_memorization_drop": base["noisy_memorized"] - rand["noisy_memorized"],
+        "clean_drop": base["clean_test_em"] - after["clean_test_em"],
+        "random_clean_drop": base["clean_test_em"] - rand["clean_test_em"],
+    }  # fmt: skip
+
+
+def _clean_metric_items(clean: Batch, corrupt: Batch, ks: Tensor, seed: int):
+    """Clean items with a position k (drawn from the noisy k distribution) whose corrupted digit differs."""
+    gen = torch.Generator().manual_seed(seed)
+    k = ks[torch.randint(len(ks), (len(clean),), generator=gen)]
+    at = clean.answer_start + k
+    tgt, alt = tokens_at(clean.ids, at), tokens_at(corrupt.ids, at)
+    keep = tgt != alt
+    return keep, at, tgt, alt
+
+
+def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac: float, n_items: int,
+                 seed: int) -> tuple[dict, dict]:  # fmt: skip
+    """Generalisation (clean) vs memorisation (noisy) circuits by node attribution patching.
+
+    Memorisation metric: logit(ỹ_k) − logit(y*_k) at the first differing position k; corrupted input = a
+    random clean training item. Generalisation metric [ours]: logit(y_k) − logit(y'_k) on clean items,
+    with y' the corrupted item's token at k (items where they coincide are dropped) and k drawn from the
+    noisy items' k distribution so both circuits look at comparable positions.
+
+    Returns:
+        (summary dict, memorisation attribution scores per hook as nested lists for the neuron analysis)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n_clean = len(train_clean)
+    noisy_sub = noisy.select(torch.arange(min(n_items, len(noisy))))
+    corrupt_n = train_clean.select(torch.randint(n_clean, (len(noisy_sub),), generator=gen))
+    k = first_diff(noisy_sub)
+    at = noisy_sub.answer_start + k
+    mem_metric = ItemMetric(at - 1, tokens_at(noisy_sub.ids, at), tokens_at(noisy_sub.ids_true, at))
+    mem = attribution_patching(model, noisy_sub.ids, corrupt_n.ids, mem_metric)
+
+    clean_sub = train_clean.select(torch.randperm(n_clean, generator=gen)[: 2 * n_items])
+    corrupt_c = train_clean.select(torch.randint(n_clean, (len(clean_sub),), generator=gen))
+    keep, at_c, tgt, alt = _clean_metric_items(clean_sub, corrupt_c, k, seed)
+    keep_idx = torch.nonzero(keep).flatten()[:n_items]
+    gen_metric = ItemMetric(at_c[keep_idx] - 1, tgt[keep_idx], alt[keep_idx])
+    gen_ = attribution_patching(model, clean_sub.ids[keep_idx], corrupt_c.ids[keep_idx], gen_metric)
+
+    n_nodes = len(mem.flat()[1])
+    top_k = max(1, int(top_k_frac * n_nodes))
+    mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
+    means = node_means(model, train_clean.ids[:1000])
+    f_mem = faithfulness(model, noisy_sub.ids, mem_metric, mem_c, means)
+    f_gen = faithfulness(model, clean_sub.ids[keep_idx], gen_metric, gen_c, means)
+    f_mem_with_gen = faithfulness(model, noisy_sub.ids, mem_metric, gen_c, means)
+
+    def composition(c: set) -> dict:
+        out: dict[str, int] = {}
+        for name, _, _ in c:
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    summary = {
+        "n_nodes": n_nodes, "top_k": top_k, "iou": iou(mem_c, gen_c),
+        "iou_random_baseline": random_iou_baseline(n_nodes, top_k),
+        "faithfulness_memorization": f_mem.faithfulness, "faithfulness_generalization": f_gen.faithfulness,
+        "faithfulness_memorization_with_generalization_circuit": f_mem_with_gen.faithfulness,
+        "metric_memorization": {"full": f_mem.m_full, "empty": f_mem.m_empty, "circuit": f_mem.m_circuit},
+        "metric_generalization": {"full": f_gen.m_full, "empty": f_gen.m_empty, "circuit": f_gen.m_circuit},
+        "composition_memorization": composition(mem_c), "composition_generalization": composition(gen_c),
+        "n_items_memorization": len(noisy_sub), "n_items_generalization": len(keep_idx),
+        "score_share_by_hook_memorization": _shares(mem.scores), "score_share_by_hook_generalization": _shares(gen_.scores),
+    }  # fmt: skip
+    return summary, {name: s.tolist() for name, s in mem.scores.items()}
+
+
+def _shares(scores: dict[str, Tensor]) -> dict[str, float]:
+    tot = sum(s.abs().sum().item() for s in scores.values()) or 1.0
+    return {k: round(v.abs().sum().item() / tot, 4) for k, v in scores.items()}
+
+
+def run_neurons(model: nn.Module, mem_scores: dict, train_clean: Batch, train_items: list[Item], test: Batch,
+                test_items: list[Item], noisy: Batch, noisy_items: list[Item], digit_order: str, k: int,
+                layer: int, seed: int) -> dict:  # fmt: skip
+    """Outlier-heuristic neurons in MLP ``layer`` (see :mod:`reprlab.interp.neurons`)."""
+    hook = f"blocks.{layer}.mlp.hook_post"
+    ranking = torch.tensor(mem_scores[hook]).abs().sum(0)  # (d_mlp,) summed |attribution| over positions
+    s = int(train_clean.answer_start[0])
+    positions = list(range(s - 1, s + 5))  # predict answer tokens 0..5
+    feats = {n: torch.tensor(column_features(items, digit_order)) for n, items in
+             (("train", train_items), ("test", test_items), ("noisy", noisy_items))}  # fmt: skip
+    res = outlier_neuron_analysis(
+        model, hook, ranking, k, positions, s, 6, train_clean.ids, feats["train"], test.ids, feats["test"],
+        noisy.ids, noisy.ids_true, feats["noisy"], first_diff(noisy), n_values=20, seed=seed,
+    )  # fmt: skip
+    out = dict(res.__dict__)
+    out["columns"] = answer_columns(digit_order)
+    return out
+
+
+__all__ = ["first_diff", "node_hooks", "run_circuits", "run_inlp", "run_logit_lens", "run_neurons", "run_probes"]

@@ -1,0 +1,185 @@
+"""Report sections for the Reason-to-Rote recipes, built only from files in the run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reprlab.report import Section
+
+PAPER_NOTE = (
+    "Paper: Du et al., Reason to Rote (EMNLP 2025, arXiv 2507.04782). Task formats, model, training and "
+    "every analysis choice below are [ours]; compare with the paper qualitatively only."
+)
+
+
+def _read(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def dynamics_section(run_dir: Path, keys: list[tuple[str, str]], title: str = "Training dynamics") -> Section | None:
+    rows = [r for r in _metrics(run_dir) if keys[0][0] in r]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    steps = [r["step"] for r in rows]
+    for key, label in keys:
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], label=label, marker=".")
+    ax.set_xlabel("step")
+    ax.set_ylabel("exact-match share")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    peak = max(rows, key=lambda r: r.get("noisy_true_answer", -1))
+    text = (f"Exact match along training (greedy answers, {len(rows)} evaluations). On noisy training items the "
+            f"true-answer rate peaks at {peak.get('noisy_true_answer', float('nan')):.3f} (step {peak['step']}), "
+            "then memorisation of the noisy label takes over: the generalise-then-memorise pattern, if present, "
+            "shows as the true-answer curve rising before the memorised curve.")  # fmt: skip
+    return Section(title, text, figure=fig)
+
+
+def fda_sections(run_dir: Path) -> list[Section]:
+    an = run_dir / "analysis"
+    out: list[Section] = [Section("Reason to Rote: FDA", PAPER_NOTE)]
+    final = _read(an / "final_eval.json")
+    if final:
+        out.append(Section("Final evaluation", table=[{k: v for k, v in final.items() if k != "test_digit_acc"}],
+                           text=f"Per-answer-token test accuracy (teacher-forced, last = EOS): {final['test_digit_acc']}"))
+    dyn = dynamics_section(run_dir, [("clean_test_em", "clean test EM"), ("noisy_memorized", "noisy: memorised label"),
+                                     ("noisy_true_answer", "noisy: true answer"), ("clean_train_em", "clean train EM")])
+    if dyn:
+        out.append(dyn)
+    plt = _plt()
+    lens = _read(an / "logit_lens.json")
+    if lens:
+        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.0))
+        x = range(len(lens["layers"]))
+        axes[0].plot(x, lens["mean_prob_a"], marker="o", label="true y*")
+        axes[0].plot(x, lens["mean_prob_b"], marker="o", label="noisy ỹ")
+        axes[0].set_ylabel("mean probability")
+        axes[1].plot(x, lens["median_rank_a"], marker="o", label="true y*")
+        axes[1].plot(x, lens["median_rank_b"], marker="o", label="noisy ỹ")
+        axes[1].set_ylabel("median rank (0 = top)")
+        for ax in axes:
+            ax.set_xticks(list(x), lens["layers"])
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out.append(Section(
+            "Logit lens on noisy items",
+            f"{lens['n_items']} noisy training items, read at the first answer position where ỹ and y* differ. "
+            f"Share with y* ranked above ỹ per layer: {lens['share_a_above_b']}.",
+            table=[{"layer": layer, "p(y*)": a, "p(ỹ)": b, "top1 y*": ta, "top1 ỹ": tb}
+                   for layer, a, b, ta, tb in zip(lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"],
+                                                  lens["top1_a"], lens["top1_b"])], figure=fig))  # fmt: skip
+    probes = _read(an / "probes.json")
+    if probes:
+        names = [f"carry{k}" for k in range(4)]
+        fig, axes = plt.subplots(2, 4, figsize=(10, 4.4), squeeze=False)
+        for j, name in enumerate(names):
+            g = probes["grids"][name]
+            for i, split in enumerate(("clean_test", "noisy")):
+                ax = axes[i][j]
+                im = ax.imshow(g["acc"][split], vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
+                ax.set_title(f"{name} / {split}", fontsize=8)
+                ax.set_yticks(range(len(g["layers"])), g["layers"], fontsize=7)
+                ax.set_xticks(range(len(g["positions"])), g["positions"], fontsize=7)
+        fig.colorbar(im, ax=axes, shrink=0.6)
+        out.append(Section(
+            "Linear probes for intermediate results",
+            "Logistic-regression probes on the residual stream (rows: layers; columns: sequence positions), "
+            "trained on clean training items, evaluated on held-out clean items and on noisy items against the "
+            f"true values. Mean carry accuracy at each carry's best cell: clean {probes['carry_acc_clean']:.3f}, "
+            f"noisy {probes['carry_acc_noisy']:.3f}, shuffled-label control {probes['carry_acc_shuffled']:.3f}, "
+            f"random-init model {probes['carry_acc_random_model']:.3f}.",
+            table=[{"target": k, **v} for k, v in probes["best"].items()], figure=fig))  # fmt: skip
+    inlp = _read(an / "inlp.json")
+    if inlp:
+        rows = [{"condition": c, **inlp[c]} for c in ("before", "inlp", "random")]
+        out.append(Section(
+            "INLP: removing the carry subspaces",
+            f"Memorisation drop {inlp['memorization_drop']:.3f} (random subspace of equal rank: "
+            f"{inlp['random_memorization_drop']:.3f}); clean test EM drop {inlp['clean_drop']:.3f} (random: "
+            f"{inlp['random_clean_drop']:.3f}). Cells: "
+            + "; ".join(f"c{c['carry']}@{c['layer']}/pos{c['position']} rank {c['rank']}" for c in inlp["cells"]),
+            table=rows))  # fmt: skip
+    circ = _read(an / "circuits.json")
+    if circ:
+        keys = ["n_nodes", "top_k", "iou", "iou_random_baseline", "faithfulness_memorization",
+                "faithfulness_generalization", "faithfulness_memorization_with_generalization_circuit"]
+        fig, ax = plt.subplots(figsize=(6.4, 2.8))
+        hooks = sorted(set(circ["score_share_by_hook_memorization"]))
+        w = 0.4
+        ax.bar([i - w / 2 for i in range(len(hooks))], [circ["score_share_by_hook_memorization"][h] for h in hooks], w, label="memorisation")
+        ax.bar([i + w / 2 for i in range(len(hooks))], [circ["score_share_by_hook_generalization"][h] for h in hooks], w, label="generalisation")
+        ax.set_xticks(range(len(hooks)), [h.replace("blocks.", "b").replace(".hook_", ".") for h in hooks], fontsize=7)
+        ax.set_ylabel("share of |attribution|")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out.append(Section(
+            "Circuit overlap (node attribution patching)",
+            "Top-k nodes (head × position, neuron × position) by |mean attribution| for the memorisation "
+            "metric on noisy items and the generalisation metric on clean items; faithfulness with non-circuit "
+            "nodes mean-ablated.", table=[{k: circ[k] for k in keys}], figure=fig))  # fmt: skip
+    neu = _read(an / "neurons.json")
+    if neu:
+        fig, ax = plt.subplots(figsize=(6.4, 2.6))
+        ax.bar(range(len(neu["neurons"])), neu["z_noisy_by_neuron"])
+        ax.set_xticks(range(len(neu["neurons"])), neu["neurons"], fontsize=7, rotation=90)
+        ax.set_ylabel("mean z on noisy items")
+        fig.tight_layout()
+        keys = ["hook", "z_noisy_abs", "z_clean_abs", "restore_rate", "restore_rate_random", "memorized_before",
+                "memorized_after", "true_before", "clean_em_before", "clean_em_after"]
+        out.append(Section(
+            "Outlier-heuristic neurons",
+            "Top neurons of the MLP layer by memorisation attribution; z-scores against clean-item means "
+            "conditional on the column sum; patching them to the clean-conditional mean at every answer position.",
+            table=[{k: neu[k] for k in keys}], figure=fig))  # fmt: skip
+    return out
+
+
+def thr_sections(run_dir: Path) -> list[Section]:
+    an = run_dir / "analysis"
+    out: list[Section] = [Section("Reason to Rote: THR", PAPER_NOTE + " THR is data- and depth-hungry; "
+                                  "held-out two-hop accuracy is reported as measured.")]  # fmt: skip
+    final = _read(an / "final_eval.json")
+    if final:
+        out.append(Section("Final evaluation", "clean_test_em = held-out two-hop questions; clean_train_em = "
+                           "clean training questions.", table=[{k: v for k, v in final.items() if k != "test_digit_acc"}]))
+    dyn = dynamics_section(run_dir, [("clean_test_em", "held-out two-hop EM"), ("noisy_memorized", "noisy: memorised"),
+                                     ("noisy_true_answer", "noisy: true answer"), ("clean_train_em", "clean train EM")])
+    if dyn:
+        out.append(dyn)
+    lens = _read(an / "logit_lens.json")
+    if lens:
+        out.append(Section("Logit lens on noisy questions", table=[
+            {"layer": la, "p(true)": a, "p(noisy)": b, "true above noisy": s}
+            for la, a, b, s in zip(lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"], lens["share_a_above_b"])]))
+    pr = _read(an / "probes.json")
+    if pr:
+        out.append(Section("Bridge-entity probe", f"Best cell {pr['best_layer']} / position {pr['best_position']}; "
+                           f"{pr['n_classes_train']} classes; majority rate {pr['majority']:.3f}.",
+                           table=[{k: pr[k] for k in ("acc_noisy", "acc_heldout", "acc_shuffled")}]))
+    il = _read(an / "inlp.json")
+    if il:
+        out.append(Section("INLP: removing the bridge subspace", f"rank {il['rank']} at {il['layer']} / position "
+                           f"{il['position']}", table=[{"condition": c, **il[c]} for c in ("before", "inlp", "random")]))
+    return out

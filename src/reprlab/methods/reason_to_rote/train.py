@@ -1,0 +1,129 @@
+"""Training from scratch with the loss on answer tokens only; dynamics logged along the way.
+
+[ours] AdamW (lr 1e-3, betas (0.9, 0.99), little weight decay, no dropout: both suppress memorisation),
+linear warm-up then cosine decay (``reprlab.train.schedule.warmup_cosine_factor``, applied per step so a
+resumed run needs no scheduler state), batches from a per-epoch permutation seeded by ``(seed, epoch)`` so
+a resumed run sees exactly the batches an uninterrupted one would. Every ``eval_every`` steps the
+dynamics metrics (clean test EM, noisy memorised / true-answer rates) go to ``metrics.jsonl``; weights are
+checkpointed every ``ckpt_every`` steps (tag ``train``, the last 2 kept for resume) and at the dynamics
+snapshots (tag ``snapshots``, all kept) for analyses over training.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from reprlab.methods.reason_to_rote.dataset import Batch
+from reprlab.methods.reason_to_rote.evaluate import evaluate
+from reprlab.train.schedule import warmup_cosine_factor
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings (all [ours]; the paper's are unknown)."""
+
+    steps: int = field(default=3000, metadata={"help": "maximum optimizer steps"})
+    batch_size: int = field(default=256, metadata={"help": "items per step"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (suppresses memorisation)"})
+    warmup_steps: int = 100
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr of the cosine"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max global grad norm; 0 disables"})
+    eval_every: int = field(default=100, metadata={"help": "steps between dynamics evaluations"})
+    ckpt_every: int = field(default=500, metadata={"help": "steps between resume checkpoints"})
+    snapshot_every: int = field(default=500, metadata={"help": "steps between kept snapshots; 0 disables"})
+    stop_memorized: float = field(
+        default=1.01, metadata={"help": "stop early once noisy memorisation and clean test EM reach this"}
+    )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Outcome of :func:`train`: final step, wall time, and the last evaluation."""
+
+    step: int
+    seconds: float
+    stopped_early: bool
+    final: dict
+
+
+def answer_loss(model: nn.Module, batch: Batch) -> Tensor:
+    """Mean cross-entropy over answer tokens (incl. EOS) only; prompt tokens carry no loss."""
+    logits = model(batch.ids[:, :-1])  # (batch, pos-1, d_vocab) predicts ids[:, 1:]
+    mask = batch.answer_mask()[:, 1:].to(logits.device)
+    targets = batch.ids[:, 1:]
+    return F.cross_entropy(logits[mask], targets[mask])
+
+
+def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
+    steps_per_epoch = max(1, n // batch_size)  # drop the ragged tail so every batch has the same size
+    epoch, k = divmod(step, steps_per_epoch)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=gen)
+    return perm[k * batch_size:(k + 1) * batch_size]
+
+
+def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run, seed: int,
+          eval_subset: int = 2000) -> TrainResult:  # fmt: skip
+    """Train ``model`` on ``train_set`` (noisy labels included) and log dynamics to ``run``.
+
+    Args:
+        train_set: all training items (``ids`` carry the training labels).
+        test: clean held-out items.
+        run: a :class:`reprlab.runs.Run` (metrics, checkpoints, resume).
+        eval_subset: clean training items evaluated at each dynamics step (all noisy items always are).
+    """
+    device = run.device
+    model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                            weight_decay=cfg.weight_decay)  # fmt: skip
+    start = 0
+    restored = run.load_checkpoint({"model": model}, {"opt": opt}, tag="train") if run.resume else None
+    if restored is not None:
+        start = restored[0]
+        run.logger.info("resuming training at step %d", start)
+    noisy = train_set.select(torch.nonzero(train_set.noisy).flatten())
+    clean_idx = torch.nonzero(~train_set.noisy).flatten()
+    clean = train_set.select(clean_idx[torch.randperm(len(clean_idx), generator=torch.Generator().manual_seed(seed))
+                                       [:eval_subset]])  # fmt: skip
+    data = train_set.to(device)
+    t0, last, stopped = time.perf_counter(), {}, False
+    step = start
+    for step in run.progress(range(start, cfg.steps), total=cfg.steps - start, desc="train"):
+        model.train()
+        lr = cfg.lr * warmup_cosine_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = answer_loss(model, data.select(_batch_indices(len(data), cfg.batch_size, step, seed).to(device)))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            m = evaluate(model, test, clean, noisy, device) if len(noisy) else evaluate(model, test, clean, clean, device)
+            last = {"loss": round(loss.item(), 5), "lr": lr, **asdict(m)}
+            if not len(noisy):
+                last["noisy_memorized"] = last["noisy_true_answer"] = float("nan")
+            run.log(done, **last)
+            if m.noisy_memorized >= cfg.stop_memorized and m.clean_test_em >= cfg.stop_memorized:
+                stopped = True
+        if cfg.snapshot_every and (done % cfg.snapshot_every == 0 or stopped or done == cfg.steps):
+            run.save_checkpoint(done, {"model": model}, tag="snapshots", keep_last=10_000)
+        if done % cfg.ckpt_every == 0 or stopped or done == cfg.steps:
+            run.save_checkpoint(done, {"model": model}, {"opt": opt}, extra={"stopped": stopped}, tag="train")
+        if stopped:
+            break
+    if restored is not None and start >= cfg.steps:
+        stopped = bool(restored[1].get("stopped", False))
+    model.eval()
+    return TrainResult(step=max(step + 1, start), seconds=time.perf_counter() - t0, stopped_early=stopped,
+                       final=last)  # fmt: skip
