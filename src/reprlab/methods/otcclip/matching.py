@@ -77,7 +77,8 @@ class MatchResult:
 @torch.no_grad()
 def otc_rematch(image_global: torch.Tensor, patches: torch.Tensor, pool_global: torch.Tensor,
                 pool_tokens: torch.Tensor, pool_mask: torch.Tensor, top_k: int, alpha: float,
-                ot: OTConfig, patch_mask: torch.Tensor | None = None) -> MatchResult:
+                ot: OTConfig, patch_mask: torch.Tensor | None = None, own_index: torch.Tensor | None = None,
+                margin: float = 0.0) -> MatchResult:
     """OTCCLIP re-matching.
 
     Args:
@@ -88,19 +89,29 @@ def otc_rematch(image_global: torch.Tensor, patches: torch.Tensor, pool_global: 
         alpha: weight of the global cosine against the OT distance.
         ot: solver settings.
         patch_mask: optional ``bool (batch, n)``.
+        own_index: optional ``(batch,)`` pool index of each image's current caption. [ours] When given,
+            the own caption is always a candidate (even outside the shortlist), wins ties, and is replaced
+            only by a caption scoring more than ``margin`` higher.
+        margin: see ``own_index``.
     """
     batch, n, d = patches.shape
     k = min(top_k, len(pool_global))
     sims = image_global @ pool_global.T  # [batch, P]
     top_sim, top_idx = sims.topk(k, dim=1)  # [batch, k]
+    if own_index is not None:  # own caption in column 0 (duplicates in the shortlist are harmless)
+        top_idx = torch.cat([own_index[:, None], top_idx], dim=1)
+        top_sim = torch.cat([sims.gather(1, own_index[:, None]), top_sim], dim=1)
+        k += 1
     x = patches[:, None].expand(batch, k, n, d).reshape(batch * k, n, d)
     xm = None if patch_mask is None else patch_mask[:, None].expand(batch, k, n).reshape(batch * k, n)
     flat = top_idx.reshape(-1)
     dist = ot_distances(x, pool_tokens[flat], xm, pool_mask[flat], ot).view(batch, k)
     score = alpha * top_sim - (1 - alpha) * dist
-    best = score.argmax(dim=1)
+    if own_index is not None and margin > 0:
+        score = torch.cat([score[:, :1], score[:, 1:] - margin], dim=1)
+    best = score.argmax(dim=1)  # first maximum: the own caption wins ties
     rows = torch.arange(batch, device=best.device)
-    return MatchResult(top_idx[rows, best], score[rows, best], dist)
+    return MatchResult(top_idx[rows, best], alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best], dist)
 
 
 @torch.no_grad()

@@ -71,6 +71,7 @@ class Config:
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu' or 'cuda'"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch default)"})
     defenses: tuple[str, ...] = field(default=DEFENSES, metadata={"help": "defenses to train, in order"})
+    audit_defense: str = field(default="none", metadata={"help": "model the audit is measured with ('' = skip)"})
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -184,7 +185,31 @@ def run(cfg: Config, run: Run) -> dict:
         for key, value in res["metrics"].items():
             summary[f"{defense}.{key}"] = value
     run.save_json("analysis/results.json", results)
+    if cfg.audit_defense in cfg.defenses:
+        audit = run.stage("audit", lambda: audit_testbed(cfg, run, bed, tok))
+        run.save_json("analysis/audit.json", audit)
+        summary.update({f"audit.{k}": v for k, v in audit.items() if not isinstance(v, dict | list)})
     return summary
+
+
+def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> dict:
+    """``reprlab otcclip audit`` measured on our poisoned pairs, with the model trained under
+    ``cfg.audit_defense`` (the user's situation: a CLIP trained on the data being audited)."""
+    from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
+
+    model = TinyCLIP(cfg.model, len(tok), bed.pairs.images.shape[1]).to(run.device)
+    if run.load_checkpoint({"model": model}, tag=cfg.audit_defense, restore_rng=False) is None:
+        raise FileNotFoundError(f"no checkpoint of defense {cfg.audit_defense!r} in {run.dir}")
+    d = cfg.defense
+    res = audit_pairs(model, tok, bed.pairs, top_k=d.top_k, alpha=d.alpha, ot=d.ot, seed=cfg.seed)
+    poison = (bed.pairs.kind != 0).numpy()
+    flagged = precision_recall(res, poison)
+    at_n = precision_recall(res, poison, top=int(poison.sum()))
+    if run.is_main:
+        write_outputs(run.dir / "audit", bed.pairs, [f"pair{i}" for i in range(len(bed.pairs))], res, top=40,
+                      extra={"flagged": flagged, "top_n_poison": at_n})
+    return {"model": cfg.audit_defense, "precision": flagged["precision"], "recall": flagged["recall"],
+            "n_flagged": flagged["n_flagged"], "precision_at_n_poison": at_n["precision"]}
 
 
 # ---------------------------------------------------------------------- report
@@ -250,6 +275,17 @@ def report_sections(run_dir: Path) -> list[Section]:
         axes[0].legend(fontsize=8)
         fig.tight_layout()
         sections.append(Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig))
+
+    audit_path = run_dir / "analysis" / "audit.json"
+    if audit_path.exists():
+        a = json.loads(audit_path.read_text())
+        sections.append(Section(
+            "Audit of the poisoned training set [ours, beyond the paper]",
+            f"`reprlab otcclip audit` with the model trained under '{a['model']}': a pair is flagged when "
+            "another caption beats its own under S = alpha cos - (1 - alpha) OT distance. Poisons = targeted + "
+            "backdoor pairs. Full ranking: audit/flagged.csv, thumbnails: audit/audit.html.",
+            table=[{"flagged": a["n_flagged"], "precision": a["precision"], "recall": a["recall"],
+                    "precision@#poisons": a["precision_at_n_poison"]}]))
 
     for d in ("otcclip", "roclip"):
         path = run_dir / "analysis" / f"examples_{d}.json"

@@ -66,6 +66,10 @@ class DefenseConfig:
     alpha: float = field(default=0.5, metadata={"help": "S = alpha cos - (1 - alpha) D_OT"})
     rematch_every: int = field(default=2, metadata={"help": "period R of matching epochs (RoCLIP: 2)"})
     rematch_warmup: int = field(default=2, metadata={"help": "W epochs before the first matching epoch"})
+    include_own: bool = field(default=True, metadata={"help": "[ours] the image's own caption is always an "
+                                                             "OTCCLIP candidate and wins ties"})
+    keep_margin: float = field(default=0.0, metadata={"help": "[ours] replace the own caption only when another "
+                                                             "scores this much higher"})
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
     intra_subset: int = field(default=32, metadata={"help": "global samples per step given a second view for "
@@ -277,8 +281,9 @@ class Trainer:
                 with torch.no_grad():
                     batch_txt = model.encode_text(i1, m1)
                 pool = self._otc_pool(i1, m1, batch_txt, idx)
+                own = torch.arange(sl.start, sl.stop, device=dev) if dc.include_own else None
                 match = otc_rematch(img.global_.detach(), img.patches.detach(), pool["global_"], pool["tokens"],
-                                    pool["mask"], dc.top_k, dc.alpha, dc.ot)
+                                    pool["mask"], dc.top_k, dc.alpha, dc.ot, own_index=own, margin=dc.keep_margin)
                 ids_a, mask_a = pool["ids"][match.index], pool["mask"][match.index]
                 counts = self._count(loc, pool["sig"][match.index], pool["poison"][match.index])
                 self._keep_examples(loc, ids_a)

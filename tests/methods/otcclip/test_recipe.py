@@ -1,0 +1,59 @@
+"""otcclip-tiny end to end on a miniature config: summary keys, report, resume from stages/checkpoints."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reprlab.config import load_config
+from reprlab.methods.otcclip import recipe
+from reprlab.runs import Run
+
+YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
+MINI = ["data.n_pairs=160", "data.captions_per_target=4", "data.n_targets=2", "data.backdoor_pairs=8",
+        "data.n_eval=60", "data.n_probe_train=60", "train.epochs=2", "train.batch_size=20", "model.width=32",
+        "model.text_width=32", "model.layers=1", "model.text_layers=1", "defense.rematch_warmup=1",
+        "defense.rematch_every=1", "defense.safeclip_unimodal_epochs=0", "defense.ot.n_iters=10",
+        "defense.bank_size=64"]
+
+
+def _cfg(extra=()):
+    return load_config(recipe.Config, yaml.safe_load(YAML.read_text())["config"], [*MINI, *extra])
+
+
+def test_every_shipped_otcclip_recipe_loads_with_its_demo_overrides():
+    for path in YAML.parent.glob("*.yaml"):
+        spec = yaml.safe_load(path.read_text())
+        assert spec["entry"] == "reprlab.methods.otcclip.recipe"
+        assert path.read_text().startswith(f"# reprlab run {path.stem}")
+        load_config(recipe.Config, spec["config"], spec.get("demo", []))
+
+
+@pytest.mark.slow
+def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
+    cfg = _cfg()
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    summary = recipe.run(cfg, run)
+    for d in recipe.DEFENSES:
+        for m in ("asr_targeted", "asr_backdoor", "zeroshot_acc", "linear_probe_acc"):
+            assert 0.0 <= summary[f"{d}.{m}"] <= 1.0
+    for k in ("otcclip.rematch_poison_moved", "otcclip.rematch_clean_kept", "audit.precision", "audit.recall"):
+        assert 0.0 <= summary[k] <= 1.0
+    sections = recipe.report_sections(run.dir)
+    assert sections[0].table and len(sections[0].table) == 4 and any(s.figure is not None for s in sections)
+    assert (run.dir / "audit" / "flagged.csv").exists()
+    # resume: every defense is a finished stage, so nothing retrains and the summary is identical
+    again = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    assert again == summary
+    # a run killed during otcclip's last epoch: its stage and last checkpoint are missing; resuming from
+    # the epoch-1 checkpoint (weights, optimizer, bank, RNG) must reproduce the uninterrupted result
+    import shutil
+
+    (run.dir / "stages" / "otcclip.json").unlink()
+    (run.dir / "stages" / "audit.json").unlink()
+    shutil.rmtree(run.checkpoints("otcclip")[-1])
+    assert len(run.checkpoints("otcclip")) == 1
+    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    for k, v in summary.items():
+        if k.startswith("otcclip."):
+            assert resumed[k] == pytest.approx(v, abs=1e-6), k
