@@ -208,7 +208,7 @@ class Trainer:
         lg, _, m = response_logits(ob.logits, bb)
         kl = L.kl_retain(f_logits, lg[m], c.temperature)
         loss = c.alpha * l_b + c.beta * l_h + c.kl_weight * kl
-        info = {"l_benign": float(l_b), "l_harmful": float(l_h), "kl": float(kl), "adv": int(adv)}
+        info = {"l_benign": l_b.item(), "l_harmful": l_h.item(), "kl": kl.item(), "adv": int(adv)}
         if self.attacker is not None and self.attacker.losses:
             info["attack_loss"] = self.attacker.losses[-1]
         return loss, info

@@ -1,0 +1,55 @@
+import torch
+
+from reprlab.methods.crl_safety.chat import ChatFormat, collate, forward, generate, position_ids
+
+
+def test_prompt_and_response_ids_follow_the_template(tiny, fmt):
+    _, tok = tiny
+    full = tok.apply_chat_template(
+        [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi there."}], tokenize=False
+    )
+    ids = fmt.prompt_ids("Hello") + fmt.response_ids("Hello", "Hi there.")
+    assert tok.decode(ids) == full
+    # truncated generations do not get the end-of-turn marker
+    assert tok.decode(fmt.response_ids("Hello", "Hi there.", end_turn=False)) == "Hi there."
+
+
+def test_suffix_split_brackets_the_user_content(tiny, fmt):
+    _, tok = tiny
+    pre, post = fmt.suffix_split("Tell me a joke")
+    assert tok.decode(pre + tok.encode("XYZ") + post) == fmt.render_prompt("Tell me a jokeXYZ")
+
+
+def test_system_prompt_is_sent_when_given(tiny):
+    _, tok = tiny
+    assert "<|system|>be brief" in ChatFormat(tok, "be brief").render_prompt("hi")
+    assert "<|system|>" not in ChatFormat(tok, None).render_prompt("hi")
+
+
+def test_left_padding_with_positions_equals_unpadded(tiny, fmt):
+    """Invariant: mask-derived position ids make a padded row identical to the sequence alone."""
+    model, tok = tiny
+    pairs = [(fmt.prompt_ids("a much longer prompt here"), [10, 11]), (fmt.prompt_ids("short"), [12, 13, 14])]
+    b = collate(pairs, tok.pad_token_id)
+    assert b.response_mask[:, -2:].all() and b.n_response == 3
+    with torch.no_grad():
+        out = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=None)
+        for i, (p, r) in enumerate(pairs):
+            alone = collate([(p, r)], tok.pad_token_id)
+            o1 = forward(model, alone.attention_mask, input_ids=alone.input_ids, logits_last=None)
+            n = len(p) + len(r)
+            # float32 sums in a different padding layout: 1e-5 covers reordering error
+            torch.testing.assert_close(out.hidden_states[-1][i, -n:], o1.hidden_states[-1][0], atol=1e-5, rtol=1e-5)
+
+
+def test_position_ids_skip_left_padding():
+    m = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids(m).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_batched_generation_equals_one_at_a_time(tiny, fmt):
+    model, tok = tiny
+    prompts = [fmt.prompt_ids("first prompt, rather long"), fmt.prompt_ids("2nd")]
+    batched = generate(model, tok, prompts, 6)
+    single = [generate(model, tok, [p], 6)[0] for p in prompts]
+    assert batched == single

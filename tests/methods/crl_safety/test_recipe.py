@@ -1,0 +1,57 @@
+"""End-to-end crl-tiny pipeline on a tiny random Llama (the real-model run is the recipe itself)."""
+
+import math
+
+import pytest
+
+from reprlab.config import load_config
+from reprlab.methods.crl_safety import recipe as R
+from reprlab.runs import Run
+
+TINY = {
+    "seed": 0, "model": "tiny-llama", "threads": 1, "mechanism_layers": "1,3",
+    "data": {"n_harmful_train": 6, "n_harmless_train": 6, "n_harmful_eval": 3, "n_harmless_eval": 3, "n_xstest": 3,
+             "response_tokens": 6, "max_prompt_tokens": 24},
+    "sft": {"optim": {"steps": 2, "batch_size": 2}},
+    "defense": {"optim": {"steps": 2, "batch_size": 2}, "mining": {"iterations": 2, "refresh_every": 1}},
+    "attack": {"max_new_tokens": 4, "emb_prompts": 2, "emb_steps": 2, "emb_n_suffix": 3, "emb_lrs": [0.01],
+               "emb_inits": ["x x x"], "gcg_prompts": 1, "gcg_steps": 1, "gcg_width": 4, "gcg_top_k": 4,
+               "gcg_n_suffix": 2, "target_tokens": 4},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("crl") / "run"
+    cfg = load_config(R.Config, TINY)
+    summary = R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
+    return out, cfg, summary
+
+
+def test_summary_has_every_model_metric_key(finished):
+    _, _, summary = finished
+    for m in ("base", "refusal", "rr", "crl", "crl_adv"):
+        for k in R.HEADLINE:
+            v = summary[f"{m}.{k}"]
+            assert math.isfinite(v)
+            if k != "benign_kl":
+                assert 0.0 <= v <= 1.0  # shares
+    assert summary["base.benign_kl"] == 0.0  # KL(base || base)
+    assert summary["refusal.benign_kl"] >= 0.0
+
+
+def test_resume_reads_stages_back_and_reports(finished):
+    out, cfg, summary = finished
+    again = R.run(cfg, Run.create(out, cfg, "crl-tiny", resume=True, quiet=True))
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in summary.items() if k != "seconds"}
+    sections = R.report_sections(out)
+    titles = [s.title for s in sections]
+    assert "ASR and utility per model" in titles
+    table = next(s for s in sections if s.title == "ASR and utility per model").table
+    assert [r["model"] for r in table] == ["base", "refusal", "rr", "crl", "crl_adv"]
+
+
+def test_unknown_model_name_is_rejected(tmp_path):
+    cfg = load_config(R.Config, {**TINY, "models": ["base", "dpo"]})
+    with pytest.raises(ValueError, match="models"):
+        R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-tiny", quiet=True))

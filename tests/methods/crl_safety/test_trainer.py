@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from reprlab.methods.crl_safety.chat import collate, forward
+from reprlab.methods.crl_safety.config import DefenseCfg, MiningCfg, OptimCfg, SftCfg
+from reprlab.methods.crl_safety.mining import AffineLatentAttack, LatentAttacker, completion_ce
+from reprlab.methods.crl_safety.trainer import Trainer, lora_blocks
+from reprlab.models.lora import add_lora
+
+
+def _pairs(fmt, texts, reply):
+    return [(fmt.prompt_ids(t), fmt.response_ids(t, reply, end_turn=False)) for t in texts]
+
+
+@pytest.fixture
+def data(fmt):
+    harm = _pairs(fmt, [f"do bad thing {i}" for i in range(6)], "Sure, step one")
+    ben = _pairs(fmt, [f"nice question {i}" for i in range(6)], "Here is an answer")
+    return harm, ben
+
+
+def _cfg(steps=3, **kw):
+    return DefenseCfg(optim=OptimCfg(steps=steps, batch_size=3, lr=1e-2, checkpoint_every=100),
+                      crl=__import__("reprlab.methods.crl_safety.config", fromlist=["CrlCfg"]).CrlCfg(
+                          layers_benign="1:3", layers_harmful="1:3"),
+                      rr=__import__("reprlab.methods.crl_safety.config", fromlist=["RrCfg"]).RrCfg(layers="1,3", retain_layers="all"),
+                      mining=MiningCfg(blocks="0:1", refresh_every=2, iterations=2, gate_loss=1e9, prob=1.0), **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["sft", "rr", "crl", "crl_adv"])
+def test_each_kind_trains_only_adapters(tiny, data, kind):
+    model, tok = tiny
+    harm, ben = data
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    cfg = SftCfg(optim=OptimCfg(steps=3, batch_size=3, lr=1e-2)) if kind == "sft" else _cfg()
+    tr = Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id)
+    out = tr.fit()
+    assert out["steps"] == 3 and torch.isfinite(torch.tensor(out["loss"]))
+    if kind == "crl_adv":
+        assert tr.attacker.n_refresh >= 1 and out["adv"] in (0, 1)
+    changed = [n for n, p in peft.named_parameters() if "lora_B" in n and p.abs().sum() > 0]
+    assert changed  # B moved away from zero
+    with peft.disable_adapter():  # frozen base weights untouched
+        for k, v in peft.get_base_model().state_dict().items():
+            if "lora" not in k and "base_layer" not in k and k in base:
+                torch.testing.assert_close(v, base[k], rtol=0, atol=0)
+
+
+def test_frozen_cache_equals_per_step_frozen_pass(tiny, data):
+    """Caching frozen states per example (padded alone) equals computing them in the step's batch."""
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    cached = Trainer("crl", peft, _cfg(), harm, ben, tok.pad_token_id)
+    fresh = Trainer("crl", peft, DefenseCfg(optim=OptimCfg(cache_frozen=False), crl=cached.cfg.crl), harm, ben, tok.pad_token_id)
+    idx = [4, 0, 2]
+    b = cached._batch(ben, idx)
+    s1, l1 = cached._frozen_rows("benign", ben, idx, b, logits=True)
+    s2, l2 = fresh._frozen_rows("benign", ben, idx, b, logits=True)
+    torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)  # padding-layout float noise
+    torch.testing.assert_close(l1, l2, atol=1e-4, rtol=1e-4)
+
+
+def test_crl_step_zero_has_positive_margin_loss(tiny, data):
+    """At step 0 h' = h, so L_h = ReLU(d(h, mu) - 0 + m_h) >= m_h (known lower bound)."""
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    tr = Trainer("crl", peft, _cfg(), harm, ben, tok.pad_token_id)
+    _, info = tr.loss(0)
+    assert info["l_harmful"] >= 0.5 - 1e-6
+    assert info["kl"] == pytest.approx(0.0, abs=1e-6)  # identical logits at init
+
+
+def test_lora_blocks_auto_follows_targets():
+    cfg = DefenseCfg()
+    assert lora_blocks("auto", "crl", cfg, 30) == list(range(28))  # hidden layers up to 28 -> blocks 0..27
+    assert lora_blocks("auto", "rr", cfg, 30) == list(range(20))  # CB: adapters up to the last reroute layer
+
+
+def test_latent_attack_identity_at_init_and_learns(tiny, fmt, data):
+    model, tok = tiny
+    harm, _ = data
+    b = collate(harm[:3], tok.pad_token_id)
+    with torch.no_grad():
+        clean = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=None).logits
+        with AffineLatentAttack(32, block=1).attach(model):
+            hooked = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=None).logits
+    torch.testing.assert_close(hooked, clean, atol=1e-5, rtol=1e-5)  # W = I, b = 1e-7 at init
+    att = LatentAttacker(32, [1], lr=1e-2)
+    att.refresh(torch.Generator().manual_seed(0))
+    before = float(completion_ce(model, b))
+    att.train(model, iter(lambda: b, None), iterations=20, stop_loss=0.0, window=5)
+    assert att.losses[-1] < before  # minimising the harmful-completion CE
+    assert all(p.grad is None for p in model.parameters())
