@@ -8,7 +8,7 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from otcclip_oracle import CLASSES, OracleCLIP
+from .otcclip_oracle import CLASSES, OracleCLIP
 from PIL import Image
 
 from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from otcclip_oracle import CLASSES, OracleCLIP
+from .otcclip_oracle import CLASSES, OracleCLIP
 from sklearn.linear_model import LogisticRegression
 
 from reprlab.methods.otcclip import evaluate as ev
