@@ -156,6 +156,10 @@ def test_bad_inputs_raise_clear_errors():
     C[1, 0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"non-finite cost.*\[1\]"):
         sinkhorn(C, a, b, 0.1)
+    C32 = C.float().nan_to_num(0.0)
+    C32[0, 2, 1] = float("inf")  # float32 takes the summed check: inf must be caught too
+    with pytest.raises(ValueError, match=r"non-finite cost.*\[0\]"):
+        sinkhorn(C32, a, b, 0.1)
 
 
 def test_warns_when_tolerance_not_met():
