@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml Makefile 2>/dev/null | sha1sum | cut -c1-12)
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OFFLINE := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-slow bench lint fmt clean
