@@ -8,13 +8,14 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from .otcclip_oracle import CLASSES, OracleCLIP
 from PIL import Image
 
 from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
 from reprlab.methods.otcclip.datasets import load_pairs
 from reprlab.methods.otcclip.mosaic import PairSet, class_prompts
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
+
+from .otcclip_oracle import CLASSES, OracleCLIP
 
 
 def _png(value: int, size: int = 40) -> bytes:

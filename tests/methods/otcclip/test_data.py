@@ -93,3 +93,18 @@ def test_backdoor_trigger_and_captions(items):
     with pytest.raises(ValueError, match="trigger"):
         apply_trigger(x, "wanet", seed=1)
     assert np.isclose(float(pairs.kind.ne(0).float().mean()), 0.2)
+
+
+def test_generated_shapes_are_balanced_deterministic_and_captioned_by_shape_name():
+    from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
+
+    x, y = make_shape_items(60, seed=0)
+    x2, _ = make_shape_items(60, seed=0)
+    assert np.array_equal(x, x2) and np.bincount(y).tolist() == [10] * 6
+    assert all(x[i].max() >= 170 for i in range(60))  # every item has a drawn shape
+    # classes differ in pixel area on average (an oracle that the drawings are not all alike)
+    areas = [float((x[y == c] > 0).mean()) for c in range(6)]
+    assert len({round(a, 3) for a in areas}) == 6
+    pairs = make_mosaics(20, seed=0, source=(x, y), tint=True, class_names=SHAPES)
+    assert pairs.class_names == SHAPES and pairs.images.shape[1] == 3
+    assert all(any(mentions(c, s) for s in SHAPES) for c in pairs.captions)

@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from .otcclip_oracle import CLASSES, OracleCLIP
 from sklearn.linear_model import LogisticRegression
 
 from reprlab.methods.otcclip import evaluate as ev
 from reprlab.methods.otcclip.mosaic import LabeledSet, class_prompts
 from reprlab.methods.otcclip.poison import TargetSet, apply_trigger
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
+
+from .otcclip_oracle import CLASSES, OracleCLIP
 
 
 @pytest.fixture

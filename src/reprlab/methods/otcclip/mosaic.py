@@ -102,7 +102,8 @@ class SignatureIndex:
 
 def make_mosaics(n_pairs: int, seed: int, min_items: int = 1, max_items: int = 4, tint: bool = False,
                  source: tuple[np.ndarray, np.ndarray] | None = None,
-                 signatures: SignatureIndex | None = None) -> PairSet:
+                 signatures: SignatureIndex | None = None,
+                 class_names: tuple[str, ...] = FASHION_MNIST_CLASSES) -> PairSet:
     """Build ``n_pairs`` clean mosaic pairs from Fashion-MNIST train items.
 
     Args:
@@ -112,6 +113,7 @@ def make_mosaics(n_pairs: int, seed: int, min_items: int = 1, max_items: int = 4
         tint: colour each item and name the colour in the caption (3 channels instead of 1).
         source: ``(images uint8 (M, 28, 28), labels (M,))``; defaults to the Fashion-MNIST train split.
         signatures: shared interner so that poisons built later get comparable ``sig`` ids.
+        class_names: names of the ``source`` labels (captions use them).
     """
     if not 1 <= min_items <= max_items <= 4:
         raise ValueError(f"need 1 <= min_items <= max_items <= 4, got {min_items}, {max_items}")
@@ -133,11 +135,12 @@ def make_mosaics(n_pairs: int, seed: int, min_items: int = 1, max_items: int = 4
             t = tint_names[rng.integers(len(tint_names))] if tint else ""
             _paint(images[n], x[pick], pos, t)
             items.append((int(y[pick]), pos, t))
-        captions.append(caption_for(items, rng))
+        captions.append(caption_for(items, rng, class_names))
         sig.append(sigs(frozenset(items)))
     return PairSet(
         images=torch.from_numpy(images.clip(0, 255).astype(np.uint8)), captions=captions,
         kind=torch.zeros(n_pairs, dtype=torch.long), sig=torch.tensor(sig), image_id=torch.arange(n_pairs),
+        class_names=tuple(class_names),
     )
 
 

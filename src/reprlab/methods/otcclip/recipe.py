@@ -36,6 +36,7 @@ from reprlab.methods.otcclip.mosaic import (
     make_single_items,
 )
 from reprlab.methods.otcclip.poison import TargetSet, add_backdoor, add_targeted
+from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DEFENSES, DefenseConfig, TrainConfig, Trainer
 from reprlab.report import Section
@@ -50,6 +51,8 @@ MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = slice(0, 50000), slice(500
 
 @dataclass(frozen=True)
 class DataConfig:
+    testbed: str = field(default="fashion_mnist", metadata={"help": "'fashion_mnist' (real items) or 'shapes' "
+                                                                   "(generated, tint recommended)"})
     n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
     min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
     max_items: int = field(default=4, metadata={"help": "most items per mosaic (<= 4)"})
@@ -89,18 +92,26 @@ class Testbed:
 
 def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     """The poisoned training set and the evaluation sets, deterministic from ``seed``."""
-    if cfg.backdoor_target not in FASHION_MNIST_CLASSES:
-        raise ValueError(f"backdoor_target {cfg.backdoor_target!r} is not one of {FASHION_MNIST_CLASSES}")
+    if cfg.testbed == "fashion_mnist":
+        names = FASHION_MNIST_CLASSES
+        x, y = fashion_mnist("train")
+        xt, yt = fashion_mnist("test")
+    elif cfg.testbed == "shapes":
+        names = SHAPES
+        x, y = make_shape_items(60000, seed + 10)
+        xt, yt = make_shape_items(10000, seed + 11)
+    else:
+        raise ValueError(f"unknown testbed {cfg.testbed!r}; choose 'fashion_mnist' or 'shapes'")
+    if cfg.backdoor_target not in names:
+        raise ValueError(f"backdoor_target {cfg.backdoor_target!r} is not one of {names}")
     if not 1 <= cfg.n_eval <= 5000:
         raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
-    x, y = fashion_mnist("train")
-    xt, yt = fashion_mnist("test")
     sigs = SignatureIndex()
     pairs = make_mosaics(cfg.n_pairs, seed, cfg.min_items, cfg.max_items, cfg.tint,
-                         source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]), signatures=sigs)
+                         source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]), signatures=sigs, class_names=names)
     pairs, targets = add_targeted(pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets,
                                   cfg.captions_per_target, seed + 1, cfg.tint)
-    backdoor_class = FASHION_MNIST_CLASSES.index(cfg.backdoor_target)
+    backdoor_class = names.index(cfg.backdoor_target)
     pairs = add_backdoor(pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs)
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
@@ -110,7 +121,7 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
 
 def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: bool) -> dict[str, float]:
     """Zero-shot, ASRs and (optionally, it is the slow one) the linear probe."""
-    class_emb = ev.class_embeddings(model, tok, class_prompts(), cfg.model.max_len)
+    class_emb = ev.class_embeddings(model, tok, class_prompts(bed.pairs.class_names), cfg.model.max_len)
     out = {
         "zeroshot_acc": ev.zero_shot_accuracy(model, bed.eval_set, class_emb),
         "asr_targeted": ev.asr_targeted(model, bed.targets, class_emb),
@@ -169,7 +180,8 @@ def run(cfg: Config, run: Run) -> dict:
     data_info = {
         "n_pairs": len(bed.pairs), "n_clean": int((kinds == 0).sum()), "n_targeted": int((kinds == TARGETED).sum()),
         "n_backdoor": int((kinds == BACKDOOR).sum()), "vocab": len(tok), "n_eval": len(bed.eval_set.labels),
-        "targets": [{"true": FASHION_MNIST_CLASSES[int(t)], "target": FASHION_MNIST_CLASSES[int(g)]}
+        "testbed": cfg.data.testbed,
+        "targets": [{"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
                     for t, g in zip(bed.targets.true, bed.targets.target)],
         "backdoor_target": cfg.data.backdoor_target, "trigger": cfg.data.trigger,
         "caption_examples": bed.pairs.captions[:5],
@@ -235,11 +247,13 @@ def report_sections(run_dir: Path) -> list[Section]:
     sections = []
     gate = results.get("none", {})
     notes = [
-        f"Data [ours]: {data['n_clean']} Fashion-MNIST mosaic pairs with generated compositional captions, "
+        f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with generated "
+        "compositional captions, "
         f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
-        f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). Real item images; the captions "
-        "and scenes are composed by us, not a web corpus.",
-        "Evaluation: single Fashion-MNIST test items, 10 classes (chance 0.10). ASR per RoCLIP/CleanCLIP "
+        f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
+        + ("Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
+           if data.get("testbed", "fashion_mnist") == "fashion_mnist" else "GENERATED shapes data (not real images)."),
+        "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
         "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
         "kept on a same-content caption, in the last matching epoch [ours].",
     ]
@@ -247,7 +261,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
         notes.append(f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
                      f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
-                     f"zero-shot {gate['zeroshot_acc']:.2f} vs chance 0.10.")
+                     f"zero-shot {gate['zeroshot_acc']:.2f}.")
     sections.append(Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
