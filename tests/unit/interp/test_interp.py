@@ -36,7 +36,14 @@ def hf_gpt2():
     return GPT2LMHeadModel(cfg).eval()
 
 
-@pytest.mark.parametrize("which", ["gpt", "hf_gpt2"])
+@pytest.fixture(scope="module")
+def llama():
+    from reprlab.models.hf import tiny_llama
+
+    return tiny_llama(seed=0, vocab_size=13)[0]
+
+
+@pytest.mark.parametrize("which", ["gpt", "hf_gpt2", "llama"])
 def test_logit_lens_last_layer_equals_model_output(which, request):
     model = request.getfixturevalue(which)
     ids = torch.randint(0, 13, (5, 10))
@@ -65,9 +72,12 @@ def test_probe_grid_planted_signal():
     assert res.acc["test"][0].max() < 0.7 and res.acc_shuffled[1, 2] < 0.7  # no signal / shuffled ~ chance
 
 
-def test_collect_shapes_hf(hf_gpt2):
-    acts = collect(hf_gpt2, torch.randint(0, 13, (4, 10)), ["blocks.0.hook_resid_post", "blocks.1.mlp.hook_post"][:1], [2, 5])
+def test_collect_shapes_hf(hf_gpt2, llama):
+    acts = collect(hf_gpt2, torch.randint(0, 13, (4, 10)), ["blocks.0.hook_resid_post"], [2, 5])
     assert acts.shape == (1, 4, 2, 32)
+    # Llama's gated MLP: hook_post is the input of down_proj, act(gate) * up, one value per neuron
+    acts = collect(llama, torch.randint(0, 13, (4, 10)), ["blocks.1.mlp.hook_post", "blocks.0.hook_resid_pre"][:1], [2])
+    assert acts.shape == (1, 4, 1, 64)
 
 
 def test_inlp_removes_planted_concept():

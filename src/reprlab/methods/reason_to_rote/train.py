@@ -40,7 +40,7 @@ class TrainConfig:
     ckpt_every: int = field(default=500, metadata={"help": "steps between resume checkpoints"})
     snapshot_every: int = field(default=500, metadata={"help": "steps between kept snapshots; 0 disables"})
     stop_memorized: float = field(
-        default=1.01, metadata={"help": "stop early once noisy memorisation and clean test EM reach this"}
+        default=1.01, metadata={"help": "stop early once noisy memorisation reaches this (>1 never stops)"}
     )
 
 
@@ -114,7 +114,7 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             if not len(noisy):
                 last["noisy_memorized"] = last["noisy_true_answer"] = float("nan")
             run.log(done, **last)
-            if m.noisy_memorized >= cfg.stop_memorized and m.clean_test_em >= cfg.stop_memorized:
+            if len(noisy) and m.noisy_memorized >= cfg.stop_memorized:
                 stopped = True
         if cfg.snapshot_every and (done % cfg.snapshot_every == 0 or stopped or done == cfg.steps):
             run.save_checkpoint(done, {"model": model}, tag="snapshots", keep_last=10_000)
