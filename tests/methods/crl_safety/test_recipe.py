@@ -55,3 +55,13 @@ def test_unknown_model_name_is_rejected(tmp_path):
     cfg = load_config(R.Config, {**TINY, "models": ["base", "dpo"]})
     with pytest.raises(ValueError, match="models"):
         R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-tiny", quiet=True))
+
+
+@pytest.mark.parametrize("name", ["crl-tiny", "crl-llama3-8b", "crl-mistral-7b"])
+def test_shipped_recipes_load_strictly(name):
+    """Every shipped YAML (and crl-tiny's demo overrides) composes the Config without unknown keys."""
+    from reprlab.recipes import get_recipe
+
+    rec = get_recipe(name)
+    cfg = load_config(R.Config, rec.config, list(rec.demo or ()))
+    assert cfg.seed == 0

@@ -24,6 +24,7 @@ def _h(text: str) -> dict:
 @dataclass(frozen=True)
 class AttackCfg:
     max_new_tokens: int = field(default=32, metadata=_h("greedy tokens generated per reply"))
+    gen_batch_size: int = field(default=64, metadata=_h("prompts per generation batch"))
     prefill_tokens: int = field(default=8, metadata=_h("tokens of the base model's compliant reply prefilled"))
     target_mode: str = field(default="base_reply", metadata=_h("[ours] 'base_reply': first target_tokens of the base's reply; 'sure': a fixed 'Sure, here is' target"))
     target_tokens: int = field(default=12, metadata=_h("length of the affirmative target"))
@@ -69,15 +70,22 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     model.eval()
     res: dict = {"model": name}
     p_ids = [fmt.prompt_ids(p) for p in data.harmful]
-    say(f"[{name}] direct")
-    gens = generate(model, tok, p_ids, cfg.max_new_tokens)
-    res["direct"] = {"generations": gens, **_judged(judge, data.harmful, gens)}
-    say(f"[{name}] prefill")
     prefixes = [fmt.response_ids(p, r, end_turn=False, max_tokens=cfg.prefill_tokens) for p, r in
                 zip(data.harmful, data.harmful_base_replies)]  # fmt: skip
-    gens = generate(model, tok, [a + b for a, b in zip(p_ids, prefixes)], cfg.max_new_tokens)
-    res["prefill"] = {"prefixes": [tok.decode(x) for x in prefixes], "generations": gens,
-                      **_judged(judge, data.harmful, gens)}  # fmt: skip
+    # direct, prefill, harmless and XSTest prompts in shared batches: CPU decoding is bound by reading the
+    # weights once per step, so one wide batch costs little more than a narrow one
+    groups = {"direct": p_ids, "prefill": [a + b for a, b in zip(p_ids, prefixes)],
+              "benign": [fmt.prompt_ids(p) for p in data.harmless], "xstest": [fmt.prompt_ids(p) for p in data.xstest]}  # fmt: skip
+    say(f"[{name}] direct, prefill, benign, xstest generations")
+    flat = generate(model, tok, [x for g in groups.values() for x in g], cfg.max_new_tokens, batch_size=cfg.gen_batch_size)
+    gens, at = {}, 0
+    for k, g in groups.items():
+        gens[k], at = flat[at : at + len(g)], at + len(g)
+    res["direct"] = {"generations": gens["direct"], **_judged(judge, data.harmful, gens["direct"])}
+    res["prefill"] = {"prefixes": [tok.decode(x) for x in prefixes], "generations": gens["prefill"],
+                      **_judged(judge, data.harmful, gens["prefill"])}  # fmt: skip
+    res["benign"] = {"generations": gens["benign"], **_judged(judge, data.harmless, gens["benign"])}
+    res["xstest"] = {"generations": gens["xstest"], **_judged(judge, data.xstest, gens["xstest"])}
     n_emb = cfg.emb_prompts or len(data.harmful)
     prompts = data.harmful[:n_emb]
     if cfg.target_mode == "base_reply":
@@ -111,11 +119,6 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
                        cfg.gcg_width, max_new_tokens=cfg.max_new_tokens, allowed=allowed, seed=seed)  # fmt: skip
         res["gcg"] = {"best_loss": g.best_loss, "suffixes": g.suffixes, "generations": g.generations,
                       **_judged(judge, gp, g.generations)}  # fmt: skip
-    say(f"[{name}] benign + xstest")
-    gens = generate(model, tok, [fmt.prompt_ids(p) for p in data.harmless], cfg.max_new_tokens)
-    res["benign"] = {"generations": gens, **_judged(judge, data.harmless, gens)}
-    gens = generate(model, tok, [fmt.prompt_ids(p) for p in data.xstest], cfg.max_new_tokens)
-    res["xstest"] = {"generations": gens, **_judged(judge, data.xstest, gens)}
     res["benign_kl"] = 0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
     if frozen_ctx is not None or frozen_model is not None:
         say(f"[{name}] mechanism")

@@ -158,7 +158,7 @@ class Trainer:
         _, frozen = self._frozen_rows("benign", self.benign, ib, bb, logits=True)
         kl = L.kl_retain(frozen, lg[m], c.temperature)
         loss = ce_h + c.benign_ce_weight * ce_b + c.kl_weight * kl
-        return loss, {"ce_refusal": float(ce_h), "ce_benign": float(ce_b), "kl": float(kl)}
+        return loss, {"ce_refusal": ce_h.item(), "ce_benign": ce_b.item(), "kl": kl.item()}
 
     def _loss_rr(self, step: int, bh: Batch, bb: Batch, ih: list[int], ib: list[int]):
         c = self.cfg.rr
@@ -172,7 +172,7 @@ class Trainer:
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
         retain = L.rr_retain_loss(h_ben, f_ben)
         loss = c_retain * retain + c_reroute * reroute
-        return loss, {"retain": float(retain), "reroute": float(reroute), "c_retain": c_retain, "c_reroute": c_reroute}
+        return loss, {"retain": retain.item(), "reroute": reroute.item(), "c_retain": c_retain, "c_reroute": c_reroute}
 
     def _mining_step(self, step: int) -> bool:
         """Refresh/extend the latent attack; return whether this step's harmful pass goes through it."""
@@ -227,11 +227,12 @@ class Trainer:
         self.model.train()
         t0, hist = time.time(), []
         for step in range(start, o.steps):
+            t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
             loss, info = self.loss(step)
             loss.backward()
             self.opt.step()
-            hist.append({"loss": float(loss), **info})
+            hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
             if self.run is not None and (step % o.log_every == 0 or step == o.steps - 1):
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
