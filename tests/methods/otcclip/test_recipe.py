@@ -42,6 +42,7 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     sections = recipe.report_sections(run.dir)
     assert sections[0].table and len(sections[0].table) == 4 and any(s.figure is not None for s in sections)
     assert (run.dir / "audit" / "flagged.csv").exists()
+    _audit_cli_on_user_files(tmp_path, run.dir)
     # resume: every defense is a finished stage, so nothing retrains and the summary is identical
     again = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
     assert again == summary
@@ -57,3 +58,26 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     for k, v in summary.items():
         if k.startswith("otcclip."):
             assert resumed[k] == pytest.approx(v, abs=1e-6), k
+
+
+def _audit_cli_on_user_files(tmp_path, run_dir):
+    """``reprlab otcclip audit`` on a CSV of PNG files with the run's undefended model."""
+    import numpy as np
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from reprlab.methods.otcclip.cli import app
+
+    rows = ["image,caption"]
+    for i, cap in enumerate(["a bag at the top left", "a photo of a sneaker", "a coat bottom right"]):
+        Image.fromarray(np.full((56, 56), 60 * i, np.uint8)).save(tmp_path / f"u{i}.png")
+        rows.append(f"u{i}.png,{cap}")
+    rows.append("broken.png,a dress")  # missing file: counted and skipped
+    (tmp_path / "user.csv").write_text("\n".join(rows) + "\n")
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "user.csv"), "--out", str(tmp_path / "aud"),
+                                   "--run", str(run_dir), "--defense", "none"])
+    assert res.exit_code == 0, res.output
+    assert '"data.skipped_missing_image": 1' in res.output and '"n_pairs": 3' in res.output
+    assert len((tmp_path / "aud" / "flagged.csv").read_text().splitlines()) == 4
+    bad = CliRunner().invoke(app, ["audit", str(tmp_path / "user.csv")])  # neither --run nor --hf-model
+    assert bad.exit_code != 0 and "exactly one" in str(bad.exception)

@@ -103,6 +103,7 @@ def _init(items):
     return _trainer(items, "otcclip", epochs=2, batch=8, n=16).model.state_dict()
 
 
+@pytest.mark.slow  # spawns 2 processes that import torch: 1-3 min on a shared 2-core machine
 def test_two_gloo_ranks_equal_one_process_on_the_same_global_batch(items):
     """OTCCLIP epochs 0 (plain + OT losses) and 1 (re-matching over the gathered pool) on 2 CPU ranks."""
     single = _trainer(items, "otcclip", epochs=2, batch=8, n=16, sgd=True)

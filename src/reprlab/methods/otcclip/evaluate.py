@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.linear_model import LogisticRegression
 
 from reprlab.methods.otcclip.mosaic import LabeledSet
 from reprlab.methods.otcclip.poison import TargetSet, apply_trigger
@@ -80,6 +79,8 @@ def zero_shot_accuracy(model, test: LabeledSet, class_emb: torch.Tensor) -> floa
 
 def linear_probe_accuracy(model, train: LabeledSet, test: LabeledSet, c: float = 1.0, max_iter: int = 1000) -> float:
     """Logistic regression on frozen normalised embeddings (C and max_iter documented in the config)."""
+    from sklearn.linear_model import LogisticRegression  # lazy: slow import, only the probe needs it
+
     xtr, xte = embed_images(model, train.images).numpy(), embed_images(model, test.images).numpy()
     clf = LogisticRegression(C=c, max_iter=max_iter)
     clf.fit(xtr, train.labels.numpy())

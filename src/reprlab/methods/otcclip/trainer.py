@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.mixture import GaussianMixture
 from torch import nn
 
 from reprlab.methods.otcclip.evaluate import embed_images, embed_texts
@@ -211,6 +210,8 @@ class Trainer:
     @torch.no_grad()
     def _safeclip_split(self, epoch: int) -> dict:
         """Fit the 2-component GMM to all pair cosines and set the safe mask (brief §4)."""
+        from sklearn.mixture import GaussianMixture  # lazy: sklearn import is slow and only SafeCLIP needs it
+
         u = self.dcfg.safeclip_unimodal_epochs
         img = embed_images(self.model, self.data.images)
         txt = embed_texts(self.model, self.ids, self.mask)
