@@ -68,3 +68,27 @@ def test_judge_shares_and_factory():
         make_judge("hf")
     with pytest.raises(ValueError, match="backend"):
         make_judge("gpt4")
+
+
+def test_hf_classifier_judge_plugs_in(tmp_path):
+    """A local HF text-classification folder works as judge; non-comply outputs still split refuse/degenerate."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    from reprlab.methods.crl_safety.judge import HFClassifierJudge
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "sure", "sorry", "i", "the"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizer(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=16, id2label={0: "no", 1: "yes"}, label2id={"no": 0, "yes": 1})  # fmt: skip
+    model = BertForSequenceClassification(cfg)
+    with torch.no_grad():  # force every input to "yes" (comply) through the classifier bias
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([0.0, 5.0]))
+    model.save_pretrained(tmp_path)
+    judge = HFClassifierJudge(str(tmp_path), comply_label="yes")
+    assert judge(["p", "p"], ["sure the", "sorry i"]) == ["comply", "comply"]
+    judge.comply_label = "never"  # nothing is compliance: offline markers split the rest
+    assert judge(["p", "p"], ["I'm sorry, I can't.", "the the the the the the the the"]) == ["refuse", "degenerate"]
