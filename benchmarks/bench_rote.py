@@ -5,7 +5,10 @@ Both models get the same configuration and the same initial weights (``to_hf_gpt
 answer-only loss and AdamW; we time forward + backward + optimizer step after warm-up steps. HF GPT-2 runs
 with its default attention implementation and dropout 0.
 
-Usage: python benchmarks/bench_rote.py [--steps 30] [--batch 256] [--layers 4] [--d-model 128] [--threads 0]
+Defaults are the rote-fda-tiny model and batch (2 layers, d_model 64, batch 64); ``--layers 4 --d-model 128
+--batch 256`` is the brief's tier M.
+
+Usage: python benchmarks/bench_rote.py [--steps 30] [--batch 64] [--layers 2] [--d-model 64] [--threads 0]
 Last line printed: one JSON object with ``train_speedup_vs_hf`` and, when measured, ``patching_speedup_vs_tl``.
 """
 
@@ -64,10 +67,10 @@ def patching_sweep(model, clean: torch.Tensor, corrupt: torch.Tensor) -> tuple[f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=25)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:

@@ -68,3 +68,13 @@ def test_resume_is_bit_exact(tmp_path):
         torch.testing.assert_close(p1, p3, rtol=0, atol=0, msg=n)
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [eval(x.replace("NaN", "0"))["step"] for x in lines] == [3, 6]
+
+
+def test_early_stop_is_kept_on_resume(tmp_path):
+    tr, te = _data()
+    # stop_memorized=0 stops at the first evaluation (any memorisation rate >= 0)
+    cfg = TrainConfig(steps=10, batch_size=32, eval_every=2, ckpt_every=5, snapshot_every=0, stop_memorized=0.0)
+    res = train(_model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", quiet=True), seed=0)
+    assert res.stopped_early and res.step == 2
+    again = train(_model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", resume=True, quiet=True), seed=0)
+    assert again.stopped_early and again.step == 2  # a resumed run does not train past the early stop

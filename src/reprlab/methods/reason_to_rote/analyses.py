@@ -25,7 +25,7 @@ from reprlab.interp.attribution import (
 from reprlab.interp.inlp import inlp, project_out_hook, random_projection
 from reprlab.interp.logit_lens import logit_lens, residual_names
 from reprlab.interp.neurons import outlier_neuron_analysis
-from reprlab.interp.probing import collect, probe_grid
+from reprlab.interp.probing import collect, fit_probe, probe_grid
 from reprlab.methods.reason_to_rote.dataset import Batch, Item
 from reprlab.methods.reason_to_rote.evaluate import answer_matches
 from reprlab.methods.reason_to_rote.fda import answer_columns, column_features
@@ -50,6 +50,27 @@ def run_logit_lens(model: nn.Module, noisy: Batch) -> dict:
     out["labels"] = {"a": "true answer y*", "b": "noisy label ỹ"}
     out["first_diff_histogram"] = np.bincount(k.numpy(), minlength=6).tolist()
     return out
+
+
+def run_lens_over_training(model: nn.Module, snapshots: list, noisy: Batch) -> dict:
+    """Logit lens on noisy items at every kept training snapshot (weights restored into a copy of ``model``).
+
+    Shows when the noisy label overtakes the true answer at the output, and whether the true answer stays
+    on top at the intermediate layer meanwhile (the paper's "still decodable" claim).
+    """
+    import copy
+
+    from reprlab.runs.checkpoint import load_checkpoint_dir
+
+    probe = copy.deepcopy(model)
+    rows = []
+    for folder in snapshots:
+        step, _ = load_checkpoint_dir(folder, {"model": probe}, restore_rng=False)
+        probe.eval()
+        res = run_logit_lens(probe, noisy)
+        rows.append({"step": step, "layers": res["layers"], "share_true_above_noisy": res["share_a_above_b"],
+                     "top1_true": res["top1_a"], "top1_noisy": res["top1_b"]})  # fmt: skip
+    return {"snapshots": rows}
 
 
 def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, train_items: list[Item],
@@ -83,7 +104,14 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
                            {"clean_test": (rand_acts["test"][li:li + 1, :, pi:pi + 1], ys["test"])},
                            layers[li:li + 1], positions[pi:pi + 1], seed=seed, shuffle_control=False)  # fmt: skip
         results[name] = grid.to_json()
+        # Noisy items are teacher-forced with their noisy label, so positions after the first differing digit
+        # see a wrong digit; also score only items whose probed position lies in the shared prefix.
+        shared = positions[pi] <= (noisy.answer_start - 1 + first_diff(noisy)).numpy()
+        scaler, clf = fit_probe(acts["train"][li, :, pi].numpy(), ys["train"], seed)
+        hit = clf.predict(scaler.transform(acts["noisy"][li, :, pi].numpy())) == ys["noisy"]
         summary[name] = {
+            "acc_noisy_shared_prefix": float(hit[shared].mean()) if shared.any() else float("nan"),
+            "n_noisy_shared_prefix": int(shared.sum()),
             "best_layer": layers[li], "best_position": positions[pi],
             "acc_clean": float(grid.acc["clean_test"][li, pi]), "acc_noisy": float(grid.acc["noisy"][li, pi]),
             "acc_shuffled": float(grid.acc_shuffled[li, pi]), "acc_random_model": float(rgrid.acc["clean_test"][0, 0]),
@@ -94,6 +122,7 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
         "grids": results, "best": summary, "layers": layers, "positions": positions,
         "carry_acc_clean": float(np.mean([c["acc_clean"] for c in carries])),
         "carry_acc_noisy": float(np.mean([c["acc_noisy"] for c in carries])),
+        "carry_acc_noisy_shared_prefix": float(np.nanmean([c["acc_noisy_shared_prefix"] for c in carries])),
         "carry_acc_shuffled": float(np.mean([c["acc_shuffled"] for c in carries])),
         "carry_acc_random_model": float(np.mean([c["acc_random_model"] for c in carries])),
     }  # fmt: skip

@@ -116,6 +116,7 @@ def run(cfg: Config, run) -> dict:
         return result
 
     stage("logit_lens", lambda: A.run_logit_lens(model, noisy))
+    stage("lens_over_training", lambda: A.run_lens_over_training(model, run.checkpoints("snapshots"), noisy))
     probes = stage("probes", lambda: A.run_probes(model, random_model, probe_set, probe_items, test, test_items,
                                                   noisy, noisy_items, cfg.seed))  # fmt: skip
     inlp_res = stage("inlp", lambda: A.run_inlp(model, probes, probe_set, probe_items, test, noisy, an.inlp_iters,
@@ -135,6 +136,7 @@ def run(cfg: Config, run) -> dict:
         "noisy_memorized": final["noisy_memorized"], "noisy_true_answer": final["noisy_true_answer"],
         "cascading_carry_test_em": final["cascading_carry_test_em"],
         "probe_carry_acc_clean": probes["carry_acc_clean"], "probe_carry_acc_noisy": probes["carry_acc_noisy"],
+        "probe_carry_acc_noisy_shared_prefix": probes.get("carry_acc_noisy_shared_prefix", float("nan")),
         "probe_carry_acc_random_model": probes["carry_acc_random_model"],
         "inlp_memorization_drop": inlp_res["memorization_drop"], "inlp_random_drop": inlp_res["random_memorization_drop"],
         "inlp_clean_drop": inlp_res["clean_drop"], "inlp_random_clean_drop": inlp_res["random_clean_drop"],

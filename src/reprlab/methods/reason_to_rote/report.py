@@ -90,6 +90,20 @@ def fda_sections(run_dir: Path) -> list[Section]:
             table=[{"layer": layer, "p(y*)": a, "p(ỹ)": b, "top1 y*": ta, "top1 ỹ": tb}
                    for layer, a, b, ta, tb in zip(lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"],
                                                   lens["top1_a"], lens["top1_b"])], figure=fig))  # fmt: skip
+    lot = _read(an / "lens_over_training.json")
+    if lot and lot["snapshots"]:
+        snaps = lot["snapshots"]
+        fig, ax = plt.subplots(figsize=(6.4, 3.0))
+        for li, layer in enumerate(snaps[0]["layers"]):
+            ax.plot([s["step"] for s in snaps], [s["share_true_above_noisy"][li] for s in snaps], marker="o", label=layer)
+        ax.set_xlabel("training step (snapshot)")
+        ax.set_ylabel("share: y* ranked above ỹ")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out.append(Section("Logit lens over training", "Per snapshot and layer, the share of noisy items whose true "
+                           "answer token outranks the memorised one at the first differing position.", figure=fig))
     probes = _read(an / "probes.json")
     if probes:
         names = [f"carry{k}" for k in range(4)]
@@ -108,7 +122,8 @@ def fda_sections(run_dir: Path) -> list[Section]:
             "Logistic-regression probes on the residual stream (rows: layers; columns: sequence positions), "
             "trained on clean training items, evaluated on held-out clean items and on noisy items against the "
             f"true values. Mean carry accuracy at each carry's best cell: clean {probes['carry_acc_clean']:.3f}, "
-            f"noisy {probes['carry_acc_noisy']:.3f}, shuffled-label control {probes['carry_acc_shuffled']:.3f}, "
+            f"noisy {probes['carry_acc_noisy']:.3f} (only items whose probed position precedes the first wrong "
+            f"label digit: {probes.get('carry_acc_noisy_shared_prefix', float('nan')):.3f}), shuffled-label control {probes['carry_acc_shuffled']:.3f}, "
             f"random-init model {probes['carry_acc_random_model']:.3f}.",
             table=[{"target": k, **v} for k, v in probes["best"].items()], figure=fig))  # fmt: skip
     inlp = _read(an / "inlp.json")

@@ -71,7 +71,7 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
 
 
 def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run, seed: int,
-          eval_subset: int = 2000) -> TrainResult:  # fmt: skip
+          eval_subset: int = 500) -> TrainResult:  # fmt: skip
     """Train ``model`` on ``train_set`` (noisy labels included) and log dynamics to ``run``.
 
     Args:
@@ -84,19 +84,19 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                             weight_decay=cfg.weight_decay)  # fmt: skip
-    start = 0
+    start, stopped = 0, False
     restored = run.load_checkpoint({"model": model}, {"opt": opt}, tag="train") if run.resume else None
     if restored is not None:
-        start = restored[0]
-        run.logger.info("resuming training at step %d", start)
+        start, stopped = restored[0], bool(restored[1].get("stopped", False))
+        run.logger.info("resuming training at step %d%s", start, " (already stopped early)" if stopped else "")
     noisy = train_set.select(torch.nonzero(train_set.noisy).flatten())
     clean_idx = torch.nonzero(~train_set.noisy).flatten()
     clean = train_set.select(clean_idx[torch.randperm(len(clean_idx), generator=torch.Generator().manual_seed(seed))
                                        [:eval_subset]])  # fmt: skip
     data = train_set.to(device)
-    t0, last, stopped = time.perf_counter(), {}, False
-    step = start
-    for step in run.progress(range(start, cfg.steps), total=cfg.steps - start, desc="train"):
+    t0, last, done = time.perf_counter(), {}, start
+    remaining = range(start, start if stopped else cfg.steps)
+    for step in run.progress(remaining, total=len(remaining), desc="train"):
         model.train()
         lr = cfg.lr * warmup_cosine_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
@@ -122,8 +122,5 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             run.save_checkpoint(done, {"model": model}, {"opt": opt}, extra={"stopped": stopped}, tag="train")
         if stopped:
             break
-    if restored is not None and start >= cfg.steps:
-        stopped = bool(restored[1].get("stopped", False))
     model.eval()
-    return TrainResult(step=max(step + 1, start), seconds=time.perf_counter() - t0, stopped_early=stopped,
-                       final=last)  # fmt: skip
+    return TrainResult(step=done, seconds=time.perf_counter() - t0, stopped_early=stopped, final=last)
