@@ -34,6 +34,7 @@ from torch import nn
 from reprlab.methods.otcclip.evaluate import embed_images, embed_texts
 from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, unimodal_loss
 from reprlab.methods.otcclip.matching import CaptionBank, nn_rematch, otc_rematch
+from reprlab.methods.otcclip.model import TextFeatures
 from reprlab.methods.otcclip.mosaic import PairSet
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.train.dist import DistInfo, all_gather_nograd, all_gather_with_grad, average_gradients, shard
@@ -69,6 +70,10 @@ class DefenseConfig:
                                                              "OTCCLIP candidate and wins ties"})
     keep_margin: float = field(default=0.0, metadata={"help": "[ours] replace the own caption only when another "
                                                              "scores this much higher"})
+    detach_matched_text: bool = field(default=True, metadata={"help": "[ours, following RoCLIP] on matching "
+                                                                    "epochs the re-assigned captions' features are "
+                                                                    "detached pool entries (no text gradient), so a "
+                                                                    "wrong match cannot drag the text encoder"})
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
     intra_subset: int = field(default=32, metadata={"help": "global samples per step given a second view for "
@@ -288,7 +293,10 @@ class Trainer:
                 ids_a, mask_a = pool["ids"][match.index], pool["mask"][match.index]
                 counts = self._count(loc, pool["sig"][match.index], pool["poison"][match.index])
                 self._keep_examples(loc, ids_a)
-                txt = model.encode_text(ids_a, mask_a)
+                if dc.detach_matched_text:
+                    txt = TextFeatures(pool["global_"][match.index], pool["tokens"][match.index], mask_a)
+                else:
+                    txt = model.encode_text(ids_a, mask_a)
                 self._enqueue(i1, m1, batch_txt, loc)
             else:
                 txt = model.encode_text(i1, m1)
