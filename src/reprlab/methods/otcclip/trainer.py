@@ -76,7 +76,7 @@ class DefenseConfig:
                                                                     "wrong match cannot drag the text encoder"})
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
-    intra_subset: int = field(default=32, metadata={"help": "global samples per step given a second view for "
+    intra_subset: int = field(default=16, metadata={"help": "global samples per step given a second view for "
                                                            "the intra OT loss [ours: bounds its cost]"})
     ot: OTConfig = field(default_factory=OTConfig)
     safeclip_unimodal_epochs: int = field(default=2, metadata={"help": "SafeCLIP unimodal warm-up (paper: 5)"})
@@ -338,7 +338,7 @@ class Trainer:
 
     def _intra_rows(self, n_global: int) -> torch.Tensor:
         """Local rows given a second view: every s-th global row, so ranks share the subset evenly."""
-        stride = max(1, n_global // self.dcfg.intra_subset)
+        stride = max(1, -(-n_global // self.dcfg.intra_subset))  # ceil: at most intra_subset rows
         sl = shard(n_global, self.dist.rank, self.dist.world_size)
         rows = torch.arange(sl.start, sl.stop)
         return (rows[rows % stride == 0] - sl.start).to(self.device)
