@@ -4,7 +4,7 @@ Both sides extract the last-layer states of each word, compose them (sum, mean, 
 ‖v‖²; the naive side runs one forward pass and one composition call per word. The squared norms of the two
 sides must agree (printed as max relative difference). Last line: one JSON object with ``speedup_vs_naive``.
 
-    .venv/bin/python benchmarks/bench_normic.py [--model all-minilm-l6-v2] [--arch encoder] [--words 300]
+    .venv/bin/python benchmarks/bench_normic.py [--model all-minilm-l6-v2] [--arch encoder] [--words 150] [--threads 1]
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="all-minilm-l6-v2")
     ap.add_argument("--arch", default="encoder", choices=["encoder", "decoder"])
-    ap.add_argument("--words", type=int, default=300)
+    ap.add_argument("--words", type=int, default=150)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads; 1 is fastest on the shared 2-core box")
     ap.add_argument("--batch-size", type=int, default=128)
     args = ap.parse_args()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)
     from reprlab.models.hf import load_causal_lm, load_encoder
 
     model, tok = (load_causal_lm if args.arch == "decoder" else load_encoder)(args.model)

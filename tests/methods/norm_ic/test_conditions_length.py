@@ -57,7 +57,9 @@ def test_curve_stats_linear_and_fixed_point():
     assert abs(lin["curvature"]) < 1e-8 and lin["half_slope_ratio"] == pytest.approx(1.0)
     assert lin["cos_to_final_2nd_half"] == pytest.approx(1.0)
     quad = curve_stats(n, n.astype(float) ** 2, 2.0 * n, d)
-    assert quad["half_slope_ratio"] < 1 and quad["curvature"] > 0  # convex: the raw-sum regime
+    assert quad["half_slope_ratio"] < 1  # convex: the raw-sum regime
+    # an exact n² curve is all quadratic: c₂(N − 1)²/(N² − 1) = (N − 1)/(N + 1)
+    assert quad["curvature"] == pytest.approx(39 / 41)
 
 
 def test_docs_sampling():

@@ -22,6 +22,7 @@ return ``(n, d_model)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ def icds_pair(x: Tensor, y: Tensor, alpha: float, beta: float | None, gamma: flo
         b = torch.minimum(nx, ny) / torch.maximum(nx, ny).clamp_min(1e-30)
     else:
         b = torch.full_like(nx, beta)
-    sq = (alpha * (nx + ny) - b * (x * y).sum(-1) + (2 * alpha + b) * torch.log(torch.tensor(k))).clamp_min(0.0)
+    sq = (alpha * (nx + ny) - b * (x * y).sum(-1) + (2 * alpha + b) * math.log(k)).clamp_min(0.0)
     direction = gamma * x + y
     dn = direction.norm(dim=-1, keepdim=True)
     # γx + y = 0 (e.g. y = −x): the direction is undefined; return 0 rather than NaN
@@ -86,10 +87,10 @@ def icds_fold(x: Tensor, mask: Tensor, mode: str, order: str = "ltr") -> Tensor:
         x = reverse_valid(x, mask)
     elif order != "ltr":
         raise ValueError(f"order must be 'ltr' or 'rtl', got {order!r}")
-    acc = x[:, 0]
-    for t in range(1, x.shape[1]):
-        new = icds_pair(acc, x[:, t], alpha, beta)
-        acc = torch.where(mask[:, t : t + 1], new, acc)
+    acc = x[:, 0].clone()
+    for t in range(1, int(mask.sum(1).max())):
+        act = mask[:, t]  # only rows that still have items: short rows stop early
+        acc[act] = icds_pair(acc[act], x[act, t], alpha, beta)
     return acc
 
 

@@ -84,7 +84,7 @@ def piece_ids(tok, texts: Sequence[str], arch: str, max_pieces: int) -> list[lis
     return out
 
 
-def _special_ids(tok, arch: str) -> tuple[list[int], int]:
+def _special_ids(tok, arch: str, context_token: str | None = None) -> tuple[list[int], int]:
     """(ids placed before the pieces, id appended after them)."""
     if arch == "encoder":
         cls_id = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
@@ -94,9 +94,15 @@ def _special_ids(tok, arch: str) -> tuple[list[int], int]:
         return [cls_id], sep_id
     if arch == "decoder":
         eos = tok.eos_token_id
-        ctx = tok.bos_token_id if tok.bos_token_id is not None else eos
         if eos is None:
             raise ValueError("decoder tokenizer has no EOS token")
+        if context_token:
+            ctx = tok.convert_tokens_to_ids(context_token)
+            unknown = ctx == getattr(tok, "unk_token_id", None) and context_token != getattr(tok, "unk_token", None)
+            if ctx is None or unknown:
+                raise ValueError(f"context token {context_token!r} is not in the tokenizer's vocabulary")
+        else:
+            ctx = tok.bos_token_id if tok.bos_token_id is not None else eos
         return [ctx], eos
     raise ValueError(f"arch must be 'encoder' or 'decoder', got {arch!r}")
 
@@ -111,6 +117,7 @@ def extract_states(
     batch_size: int = 128,
     max_pieces: int = 64,
     bypass_final_norm: bool = True,
+    context_token: str | None = None,
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
     device: torch.device | str = "cpu",
 ) -> TokenStates:
@@ -125,6 +132,7 @@ def extract_states(
         batch_size: items per forward pass; ``1`` is the naive per-item loop.
         max_pieces: truncate each text to this many pieces.
         bypass_final_norm: decoders only; read the last block's state before the final norm.
+        context_token: decoders only; the token before the text (default BOS, else EOS).
         progress: ``run.progress``-like wrapper ``(iterable, total, desc)``.
         device: where to run.
 
@@ -136,7 +144,7 @@ def extract_states(
     sel = resolve_layers(model, layers)
     n_total = n_layers_of(model)
     pieces = piece_ids(tok, texts, arch, max_pieces)
-    pre, post = _special_ids(tok, arch)
+    pre, post = _special_ids(tok, arch, context_token)
     n, pos = len(texts), max(len(p) for p in pieces)
     d_model = model.get_input_embeddings().weight.shape[1]
     states = torch.zeros(n, len(sel), pos, d_model)

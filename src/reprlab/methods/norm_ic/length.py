@@ -5,8 +5,9 @@ prefixes of n = n₁ < … < N words and ask whether ‖v_n‖² does the same:
 
 * monotonicity: Spearman ρ(n, ‖v_n‖²);
 * linearity: R² and slope of the OLS fit ‖v_n‖² = a + b·n, and R² against the cumulative IC of the prefix;
-* curvature: the quadratic coefficient relative to the linear one at N (c₂·N / c₁ of the fit c₀ + c₁n + c₂n²),
-  and the ratio of the first-half slope to the second-half slope (> 1 flattening, < 1 convex);
+* curvature: the quadratic term's share of the rise, c₂·(N − n₁)² / |‖v_N‖² − ‖v_{n₁}‖²| of the fit
+  c₀ + c₁n + c₂n² (0 linear, ≈ 1 for n², negative when flattening), and the ratio of the first-half slope to
+  the second-half slope (> 1 flattening, < 1 convex);
 * fixed point: cos(v_n, v_N) over the second half, and the relative growth of ‖v‖² over the second half.
 
 Texts: i.i.d. draws from the wordfreq unigram distribution (IC exactly additive), and natural text (the
@@ -74,7 +75,7 @@ def curve_stats(lengths: np.ndarray, sq: np.ndarray, cum_ic: np.ndarray, vectors
         "r2_len": r2_len,
         "slope_len": slope,
         "r2_ic": r2_ic,
-        "curvature": float(c2 * n[-1] / c1) if c1 != 0 else float("nan"),
+        "curvature": float(c2 * (n[-1] - n[0]) ** 2 / abs(sq[-1] - sq[0])) if sq[-1] != sq[0] else float("nan"),
         "half_slope_ratio": float(s1 / s2) if s2 != 0 else float("nan"),
         "cos_to_final_2nd_half": float(cos_final[half:-1].mean()) if len(n) > 2 else float("nan"),
         "norm_growth_2nd_half": float((sq[-1] - sq[half]) / abs(sq[-1])) if sq[-1] != 0 else float("nan"),

@@ -33,7 +33,7 @@ from reprlab.methods.norm_ic.conditions import (
 )
 from reprlab.methods.norm_ic.extract import extract_states, resolve_layers
 from reprlab.methods.norm_ic.length import aggregate, curve_stats, natural_docs, prefix_grid, synthetic_docs
-from reprlab.methods.norm_ic.normalize import fit_normalizer
+from reprlab.methods.norm_ic.normalize import fit_normalizer, single_thread
 from reprlab.methods.norm_ic.sources import (
     ItemSet,
     input_items,
@@ -91,6 +91,7 @@ class ModelConfig:
     layers: tuple[int, ...] = field(default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"})
     input_table: bool = field(default=True, metadata={"help": "also analyse the input embedding table"})
     bypass_final_norm: bool = field(default=True, metadata={"help": "decoders: last state before final norm"})
+    context_token: str = field(default="", metadata={"help": "decoders: token before each text ('' = BOS)"})
     batch_size: int = 128
     max_pieces: int = 64
     max_words: int = field(default=0, metadata={"help": "cap on eval words for slow models (0 = all)"})
@@ -123,6 +124,7 @@ class LengthConfig:
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
+    threads: int = field(default=0, metadata={"help": "torch CPU threads during the run (0 = torch default)"})
     vocab: VocabConfig = VocabConfig()
     ic: ICConfig = ICConfig()
     static: StaticConfig = StaticConfig()
@@ -145,6 +147,11 @@ def analyse_words(name: str, ev: ItemSet, fit: ItemSet, ic: np.ndarray, band: np
         ev, fit: item sets of the eval and fit words (``pairs`` indexes eval words then fit words).
         ic: ``(n_eval,)`` IC of the eval words; ``band``: their frequency bands; ``p_fit``: fit-word probabilities.
     """
+    with single_thread():  # many small ops: threads only add barrier stalls on a shared CPU
+        return _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, seed, rename)
+
+
+def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, seed, rename):
     comps = tuple(c for c in comps if c != "pooled" or ev.pooled is not None)
     ctx = fit_context(fit.x, fit.mask, fit.p, acfg.sif_a)
     v_ev = compose_all(comps, ev.x, ev.mask, ctx, pooled=ev.pooled, p=ev.p)
@@ -184,11 +191,11 @@ def length_curves(docs: dict[str, list[list[str]]], embed, comps: tuple[str, ...
         for doc in ds:
             grid = prefix_grid(len(doc), n_points)
             vecs, lm_cum = embed(doc, grid)
+            vecs = {c: v.double().numpy() for c, v in vecs.items()}
             cum_ic = np.cumsum([ic_of[w] for w in doc])[grid - 1]
             for c, v in vecs.items():
                 if c not in comps:
                     continue
-                v = v.double().numpy()
                 sq = (v * v).sum(-1)
                 st = curve_stats(grid, sq, cum_ic, v)
                 if lm_cum is not None:
@@ -204,6 +211,17 @@ def length_curves(docs: dict[str, list[list[str]]], embed, comps: tuple[str, ...
 
 
 def run(cfg: Config, run) -> dict:
+    """Run every stage; ``cfg.threads`` applies for the duration of the run only (restored after)."""
+    n_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, run)
+    finally:
+        torch.set_num_threads(n_threads)
+
+
+def _run(cfg: Config, run) -> dict:
     torch.manual_seed(cfg.seed)
     bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
     if bad:
@@ -294,6 +312,7 @@ def run(cfg: Config, run) -> dict:
     run.save_json("analysis/words.json", {"rows": rows, "ic_sources": ic_rows, "unit": cfg.ic.unit,
                                           "n_eval": len(ev_words), "n_fit": len(fit_words)})  # fmt: skip
     run.save_json("analysis/scatter.json", {name: {"ic": ic_eval[np.array(r["word_idx"])].tolist(),
+                                                   "band": band[np.array(r["word_idx"])].tolist(),
                                                    "sq": r["scatter"]} for name, r in results.items()})  # fmt: skip
     oyama = {name: r["oyama"] for name, r in results.items() if r.get("oyama")}
     if oyama:
@@ -333,7 +352,8 @@ def static_stage(cfg, name, table, ev_words, fit_words, ic_eval, band, p_eval_wo
         x = items.x.expand(len(grid), -1, -1)
         mask = torch.arange(len(doc))[None] < torch.as_tensor(grid)[:, None]
         comps_t = tuple(c for c in cfg.length.compositions if c != "pooled")
-        return compose_all(comps_t, x, mask, ctx, p=items.p.expand(len(grid), -1)), None
+        with single_thread():
+            return compose_all(comps_t, x, mask, ctx, p=items.p.expand(len(grid), -1)), None
 
     length = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points) if docs else {}
     oyama = oyama_kl(table, ev_words, corpus, cfg) if name == "sgns" else None
@@ -391,7 +411,8 @@ def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eva
     cands = candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top)
     p_sub = subword_probabilities(tok, cands, ic_mod.wordfreq_probability(cands), mc.arch)
     kw = dict(arch=mc.arch, layers=layers, batch_size=mc.batch_size, max_pieces=mc.max_pieces,
-              bypass_final_norm=mc.bypass_final_norm, progress=progress, device=run.device)  # fmt: skip
+              bypass_final_norm=mc.bypass_final_norm, context_token=mc.context_token or None, progress=progress,
+              device=run.device)  # fmt: skip
     st_ev = extract_states(model, tok, [ev_words[i] for i in idx], **kw)
     st_fit = extract_states(model, tok, [fit_words[i] for i in fidx], **kw)
     sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + int(i) for i in fidx])
@@ -419,7 +440,8 @@ def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eva
         def embed(doc, grid):
             st = extract_states(model, tok, [" ".join(doc[:n]) for n in grid], **tkw)
             items = layer_items(st, text_layer, p_sub)
-            vecs = compose_all(cfg.length.compositions, items.x, items.mask, ctx, pooled=items.pooled, p=items.p)
+            with single_thread():
+                vecs = compose_all(cfg.length.compositions, items.x, items.mask, ctx, pooled=items.pooled, p=items.p)
             lm_cum = (st.surprisal * st.mask).sum(1).double().numpy() if st.surprisal is not None else None
             return vecs, lm_cum
 
@@ -439,9 +461,8 @@ def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
                 for suffix in ("", "_lo", "_hi"):
                     summary[f"{key}.{stat}{suffix}"] = row[stat + suffix]
             summary[f"{key}.r2"] = row["r2"]
-        else:
+        elif row["composition"] in ("word", "sum", "pooled"):  # the rest lives in analysis/words.json
             summary[f"{key}@{row['normalization']}.spearman"] = row["spearman"]
-            summary[f"{key}@{row['normalization']}.pearson"] = row["pearson"]
     for name, r in results.items():
         for tag in ("raw", "centred"):
             if r.get("oyama") and tag in r["oyama"]:
@@ -452,7 +473,8 @@ def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
             for kind, comps in kinds.items():
                 tag = "" if kind == "synthetic" else f"_{kind}"
                 for comp, st in comps.items():
-                    summary[f"{src}.{comp}.cer_r2{tag}"] = st["r2_len"]
+                    if comp in ("sum", "mean", "ind", "pooled"):  # every composition: analysis/length.json
+                        summary[f"{src}.{comp}.cer_r2{tag}"] = st["r2_len"]
                     if comp in ("pooled", "mean"):
                         summary[f"{src}.{comp}.fixed_cos{tag}"] = st["cos_to_final_2nd_half"]
                 head = r["text_composition"][src]

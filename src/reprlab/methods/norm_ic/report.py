@@ -61,7 +61,8 @@ def composition_ranking(rows: list[dict]) -> list[dict]:
     """Mean raw Spearman of each composition over the subword sources (static tables have only 'word')."""
     by: dict[str, list[float]] = {}
     for r in rows:
-        if r["normalization"] == "raw" and r["composition"] != "word":
+        # NaN: constant norms, e.g. the CLS/EOS state at layer 0, which no word can influence
+        if r["normalization"] == "raw" and r["composition"] != "word" and np.isfinite(r["spearman"]):
             by.setdefault(r["composition"], []).append(r["spearman"])
     table = [{"composition": c, "mean spearman": float(np.mean(v)), "min": float(np.min(v)),
               "max": float(np.max(v)), "sources": len(v)} for c, v in by.items()]  # fmt: skip
@@ -107,6 +108,32 @@ def scatter_figure(scatter: dict, rows: list[dict]):
     return fig
 
 
+def band_table(scatter: dict, rows: list[dict]) -> list[dict]:
+    """Within-band Spearman and mean ‖v‖² per Zipf band (0 = most frequent) for each source's best composition.
+
+    A correlation that is positive inside bands but negative overall (or the reverse) signals a non-monotone
+    norm–frequency curve, e.g. under-trained rare words with short norms (brief §8, Oyama App. G).
+    """
+    from reprlab.methods.norm_ic.stats import spearman
+
+    out = []
+    for model in scatter.values():
+        if "band" not in model:
+            return []
+        ic, band = np.array(model["ic"]), np.array(model["band"])
+        for src, comps in model["sq"].items():
+            best = max((r for r in rows if r["source"] == src and r["normalization"] == "raw"),
+                       key=lambda r: r["spearman"])  # fmt: skip
+            sq = np.array(comps[best["composition"]])
+            row = {"source": src, "composition": best["composition"]}
+            for b in np.unique(band):
+                m = band == b
+                rho = spearman(ic[m], sq[m]) if m.sum() > 5 else float("nan")
+                row[f"b{b} rho / mean"] = f"{rho:.2f} / {sq[m].mean():.3g}"
+            out.append(row)
+    return out
+
+
 def length_table(length: dict) -> list[dict]:
     out = []
     for src, kinds in length.items():
@@ -114,7 +141,7 @@ def length_table(length: dict) -> list[dict]:
             for comp, st in comps.items():
                 row = {"source": src, "texts": kind, "composition": comp, "R2 vs n": st["r2_len"],
                        "R2 vs unigram IC": st["r2_ic"], "monotone rho": st["monotone_spearman"],
-                       "curvature c2N/c1": st["curvature"], "half-slope ratio": st["half_slope_ratio"],
+                       "curvature": st["curvature"], "half-slope ratio": st["half_slope_ratio"],
                        "cos(v_n, v_N) 2nd half": st["cos_to_final_2nd_half"],
                        "norm2 growth 2nd half": st["norm_growth_2nd_half"]}  # fmt: skip
                 if "r2_lm_ic" in st:
@@ -143,6 +170,55 @@ def length_figure(length: dict, kind: str = "synthetic"):
     return fig
 
 
+def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
+    """Headline findings, each set against the brief's reference figure (agreeing or not)."""
+    lines = []
+    for r in rows:
+        if r["composition"] == "word" and r["normalization"] == "raw":
+            inside = "inside" if 0.3 <= r["pearson"] <= 0.65 else "outside"
+            lines.append(f"- {r['source']} raw ‖v‖² vs IC: Pearson {_ci(r, 'pearson')}, Spearman {_ci(r, 'spearman')} "
+                         f"(n={r['n']}); {inside} the brief's expected r ≈ 0.3–0.65.")  # fmt: skip
+    for name, o in (oyama or {}).items():
+        for tag in ("raw", "centred"):
+            if tag in o:
+                lines.append(f"- {name} ‖u{'−ū' if tag == 'centred' else ''}‖² vs KL(w) (Oyama's target, n={o['n']}, "
+                             f"n_w ≥ {o['min_count']}): R² = {o[tag]['r2']:.3f} [{o[tag]['r2_lo']:.3f}, "
+                             f"{o[tag]['r2_hi']:.3f}] vs Oyama's 0.831 on 17M tokens.")  # fmt: skip
+    ranking = composition_ranking(rows)
+    if ranking:
+        top = ", ".join(f"{t['composition']} ({t['mean spearman']:.2f})" for t in ranking[:4])
+        low = ", ".join(f"{t['composition']} ({t['mean spearman']:.2f})" for t in ranking[-3:])
+        lines.append(f"- Compositions, mean Spearman over subword sources: best {top}; worst {low}.")
+    for src, kinds in length.items():
+        syn = kinds.get("synthetic", {})
+        if not syn:
+            continue
+        linear = [c for c, st in syn.items() if st["pearson_len"] > 0.95]
+        lines.append(f"- CER, {src} (synthetic): r(n, ‖v_n‖²) > 0.95 for {', '.join(linear) or 'none'}; "
+                     + "; ".join(f"{c}: R²={syn[c]['r2_len']:.2f}, curvature={syn[c]['curvature']:.2f}, "
+                                 f"cos(v_n,v_N)={syn[c]['cos_to_final_2nd_half']:.3f}"
+                                 for c in ("mean", "sum", "ind", "pooled") if c in syn) + ".")  # fmt: skip
+    lines.append("- Brief's expectation [ours]: mean flattens (fixed point), raw sum convex, IND/INF/centred sums "
+                 "near-linear (r > 0.95); the paper: BERT CLS and LLaMA EOS converge towards a fixed point.")
+    return "\n".join(lines)
+
+
+def fixed_point_table(length: dict) -> list[dict]:
+    """CLS/EOS ('pooled') and mean pooling: direction and norm convergence over the second half of the prefixes."""
+    out = []
+    for src, kinds in length.items():
+        for kind, comps in kinds.items():
+            for comp in ("pooled", "mean"):
+                if comp in comps:
+                    st = comps[comp]
+                    out.append({"source": src, "texts": kind, "composition": comp,
+                                "cos(v_n, v_N) 2nd half": st["cos_to_final_2nd_half"],
+                                "sd": st["cos_to_final_2nd_half_sd"],
+                                "norm2 growth 2nd half": st["norm_growth_2nd_half"],
+                                "half-slope ratio": st["half_slope_ratio"], "R2 vs n": st["r2_len"]})  # fmt: skip
+    return out
+
+
 def build_sections(run_dir: Path) -> list[Section]:
     words = _load(run_dir, "analysis/words.json")
     if words is None:
@@ -150,7 +226,9 @@ def build_sections(run_dir: Path) -> list[Section]:
     rows = words["rows"]
     scatter = _load(run_dir, "analysis/scatter.json") or {}
     length = _load(run_dir, "analysis/length.json") or {}
+    oyama = _load(run_dir, "analysis/oyama_kl.json")
     sections = [
+        Section("Findings against the reference figures", findings_text(rows, length, oyama)),
         Section("Setup", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
                 f"{words['n_fit']} disjoint fit words for centring, whitening, μ (scaled_c) and the SIF PC. "
                 f"IC = −log p(w) from wordfreq in {words['unit']}. CIs: percentile bootstrap over words. "
@@ -158,11 +236,16 @@ def build_sections(run_dir: Path) -> list[Section]:
         Section("Word level: ‖v‖² vs IC per source × composition (raw norms)", table=correlation_table(rows),
                 figure=scatter_figure(scatter, rows)),
         Section("Compositions ranked by how well they preserve the correspondence",
-                "Mean Spearman over the subword sources (input tables and layers); higher is better.",
+                "Mean Spearman over the subword sources (input tables and layers); higher is better. Caveat "
+                "[ours]: SIF weights are a/(a + p), a function of frequency itself, so part of SIF's "
+                "correspondence is built in rather than found in the embedding; 'pooled' is the model's "
+                "CLS/EOS state, not a composition of the subwords.",
                 table=composition_ranking(rows)),
         Section("Normalisations (fitted on the disjoint fit vocabulary)",
                 "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted.",
                 table=normalization_table(rows)),
+        Section("Frequency bands", "Within-band Spearman ρ and mean ‖v‖² (ρ / mean) for each Zipf band, "
+                "most frequent first, for each source's best raw composition.", table=band_table(scatter, rows)),
         Section("IC sources", "Spearman of each source's best raw composition against wordfreq IC, "
                 "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token.",
                 table=words.get("ic_sources")),
@@ -174,4 +257,10 @@ def build_sections(run_dir: Path) -> list[Section]:
             "natural texts are the packaged Lee news documents restricted to known words. Curves are means "
             "over documents of ‖v_n‖²/‖v_N‖²; the dotted line is exact proportionality.",
             table=length_table(length), figure=length_figure(length, "synthetic")))  # fmt: skip
+        sections.append(Section(
+            "Fixed point of CLS/EOS and mean pooling",
+            "cos(v_n, v_N) averaged over the second half of the prefix grid (1 = the direction has stopped "
+            "moving) and the relative growth of ‖v‖² over that half (0 = the norm has stopped growing). The "
+            "mean-pooling fixed point is a property of averaging (brief §8), shown as the control.",
+            table=fixed_point_table(length), figure=length_figure(length, "natural")))  # fmt: skip
     return sections
