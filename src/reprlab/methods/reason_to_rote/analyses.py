@@ -99,7 +99,14 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
         grid = probe_grid(name, acts["train"], ys["train"],
                           {"clean_test": (acts["test"], ys["test"]), "noisy": (acts["noisy"], ys["noisy"])},
                           layers, positions, seed=seed, shuffle_control=name.startswith("carry"))  # fmt: skip
-        li, pi = grid.best
+        # [ours] a teacher-forced answer token reveals its own digit (and s_4 = c_3), so a target is only
+        # scored at positions before its value appears in the input: carry k up to the position predicting
+        # digit k+1, sum digit k up to the position predicting it. Cells after that are plotted but not chosen.
+        k = int(name[-1])
+        last = s + k if name.startswith("carry") else s - 1 + k
+        allowed = np.array([p <= last for p in positions])
+        masked = np.where(allowed[None, :], grid.acc["clean_test"], -1.0)
+        li, pi = (int(v) for v in np.unravel_index(np.argmax(masked), masked.shape))
         rgrid = probe_grid(name, rand_acts["train"][li:li + 1, :, pi:pi + 1], ys["train"],
                            {"clean_test": (rand_acts["test"][li:li + 1, :, pi:pi + 1], ys["test"])},
                            layers[li:li + 1], positions[pi:pi + 1], seed=seed, shuffle_control=False)  # fmt: skip
@@ -114,6 +121,7 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
             "n_noisy_shared_prefix": int(shared.sum()),
             "best_layer": layers[li], "best_position": positions[pi],
             "acc_clean": float(grid.acc["clean_test"][li, pi]), "acc_noisy": float(grid.acc["noisy"][li, pi]),
+            "last_allowed_position": last,
             "acc_shuffled": float(grid.acc_shuffled[li, pi]), "acc_random_model": float(rgrid.acc["clean_test"][0, 0]),
             "majority": grid.majority,
         }  # fmt: skip
@@ -146,6 +154,7 @@ def run_inlp(model: nn.Module, probes: dict, train_clean: Batch, train_items: li
     for k in range(4):
         acc = np.array(probes["grids"][f"carry{k}"]["acc"]["clean_test"])
         acc[0] = -1  # exclude the embedding layer: it holds no computed carry
+        acc[:, [p > probes["best"][f"carry{k}"]["last_allowed_position"] for p in positions]] = -1
         li, pi = np.unravel_index(np.argmax(acc), acc.shape)
         x = collect(model, train_clean.ids, [names[li]], [positions[pi]])[0, :, 0].numpy()
         y = np.array([it.meta["carries"][k] for it in train_items])

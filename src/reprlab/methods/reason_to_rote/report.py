@@ -107,19 +107,20 @@ def fda_sections(run_dir: Path) -> list[Section]:
     probes = _read(an / "probes.json")
     if probes:
         names = [f"carry{k}" for k in range(4)]
-        fig, axes = plt.subplots(2, 4, figsize=(10, 4.4), squeeze=False)
+        fig, axes = plt.subplots(2, 4, figsize=(10, 4.8), squeeze=False, constrained_layout=True)
         for j, name in enumerate(names):
             g = probes["grids"][name]
             for i, split in enumerate(("clean_test", "noisy")):
                 ax = axes[i][j]
                 im = ax.imshow(g["acc"][split], vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
                 ax.set_title(f"{name} / {split}", fontsize=8)
-                ax.set_yticks(range(len(g["layers"])), g["layers"], fontsize=7)
+                ax.set_yticks(range(len(g["layers"])), g["layers"] if j == 0 else [], fontsize=7)
                 ax.set_xticks(range(len(g["positions"])), g["positions"], fontsize=7)
         fig.colorbar(im, ax=axes, shrink=0.6)
         out.append(Section(
             "Linear probes for intermediate results",
             "Logistic-regression probes on the residual stream (rows: layers; columns: sequence positions), "
+            "best cells chosen only at positions before the target's value appears as an input token, "
             "trained on clean training items, evaluated on held-out clean items and on noisy items against the "
             f"true values. Mean carry accuracy at each carry's best cell: clean {probes['carry_acc_clean']:.3f}, "
             f"noisy {probes['carry_acc_noisy']:.3f} (only items whose probed position precedes the first wrong "
