@@ -17,15 +17,18 @@ log = logging.getLogger(__name__)
 
 
 def demo_recipes(names: list[str] | None = None) -> list[str]:
-    """Recipes that define a ``demo`` variant, in ``demo_order`` (then name) order."""
+    """The recipes ``reprlab demo`` runs: one per method, those whose YAML sets ``demo_order``, in that order.
+
+    Other recipes may still define ``demo`` overrides for ``reprlab run <recipe> --demo``.
+    """
     recipes = all_recipes()
     if names:
         unknown = [n for n in names if n not in recipes]
         if unknown:
             raise KeyError(f"unknown recipes {unknown}; available: {', '.join(sorted(recipes))}")
         return names
-    chosen = [r for r in recipes.values() if r.demo]
-    chosen.sort(key=lambda r: (r.demo_order if r.demo_order is not None else 99, r.name))
+    chosen = [r for r in recipes.values() if r.demo_order is not None]
+    chosen.sort(key=lambda r: (r.demo_order, r.name))
     return [r.name for r in chosen]
 
 
