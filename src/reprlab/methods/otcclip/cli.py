@@ -10,6 +10,11 @@ import typer
 app = typer.Typer(help="OTCCLIP tools.", no_args_is_help=True)
 
 
+@app.callback()
+def _group() -> None:
+    """OTCCLIP tools (a callback keeps ``audit`` a named sub-command even though it is the only one)."""
+
+
 @app.command("audit")
 def audit(
     data: Path = typer.Argument(..., help="CSV/TSV/JSONL of (image, caption) or webdataset .tar shard(s)"),
