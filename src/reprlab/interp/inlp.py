@@ -46,7 +46,7 @@ class INLPResult:
 
 
 def inlp(x: np.ndarray, y: np.ndarray, n_iters: int = 10, tol: float = 0.02, heldout: float = 0.3,
-         seed: int = 0) -> INLPResult:  # fmt: skip
+         seed: int = 0, max_rank: int | None = None) -> INLPResult:  # fmt: skip
     """Find the nullspace projection removing the linearly decodable information about ``y`` from ``x``.
 
     Args:
@@ -55,6 +55,9 @@ def inlp(x: np.ndarray, y: np.ndarray, n_iters: int = 10, tol: float = 0.02, hel
         n_iters: maximum classifiers to remove.
         tol: stop once held-out accuracy <= majority + tol.
         heldout: share of items used to measure accuracy after each removal.
+        max_rank: cap on removed directions. A multi-class classifier contributes one direction per class,
+            so with many classes (THR: one per person) and a small d the nullspace would otherwise swallow
+            the whole space and the random control of equal rank would be just as destructive.
     """
     n, d = x.shape
     if n < 10:
@@ -82,6 +85,14 @@ def inlp(x: np.ndarray, y: np.ndarray, n_iters: int = 10, tol: float = 0.02, hel
         w = w @ proj  # keep new directions inside the current nullspace
         q, _ = np.linalg.qr(np.concatenate([basis, w.T], axis=1))
         basis = q[:, : min(d, basis.shape[1] + np.linalg.matrix_rank(w))]
+        if max_rank is not None and basis.shape[1] >= max_rank:
+            basis = basis[:, :max_rank]  # QR keeps earlier directions first, so truncation drops the newest
+            proj = np.eye(d) - basis @ basis.T
+            xp = x @ proj
+            scaler, clf = fit_probe(xp[tr], y[tr], seed)
+            accs.append(float((clf.predict(scaler.transform(xp[ho])) == y[ho]).mean()))
+            converged = accs[-1] <= majority + tol
+            break
     proj = np.eye(d) - basis @ basis.T
     return INLPResult(torch.tensor(proj, dtype=torch.float32), torch.tensor(basis, dtype=torch.float32),
                       accs, majority, converged)  # fmt: skip

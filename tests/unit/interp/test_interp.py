@@ -153,3 +153,13 @@ def test_conditional_stats_and_patch():
     out = patch_to_conditional_mean([4, 6], torch.tensor([0, 2]), mu[..., [0, 2]])(torch.zeros(50, 8, 3), "h")
     torch.testing.assert_close(out[:, 4, 0], mu[:, 0, 0])
     assert out[:, 4, 1].abs().max() == 0 and out[:, 5].abs().max() == 0
+
+
+def test_inlp_max_rank_caps_multiclass_removal():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(500, 12))
+    y = rng.integers(0, 6, 500)
+    x[np.arange(500), y] += 3.0  # six classes, one direction each
+    res = inlp(x, y, n_iters=5, max_rank=4, seed=0)
+    assert res.rank == 4 and len(res.accuracies) >= 2
+    assert res.accuracies[-1] < res.accuracies[0]  # removing 4 of the 6 class directions still hurts the probe

@@ -49,6 +49,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     inlp_iters: int = field(default=8, metadata={"help": "max INLP classifiers for the bridge entity"})
+    inlp_max_rank: int = field(default=16, metadata={"help": "cap on removed INLP directions (multi-class)"})
 
 
 def _em(model, batch, ids, fwd=()) -> float:
@@ -109,7 +110,14 @@ def run(cfg: Config, run) -> dict:
         grid = probe_grid("bridge", acts["train"], ys["train"], {"noisy": (acts["noisy"], ys["noisy"]),
                           "heldout_test": (acts["test"], ys["test"])}, layers, positions, seed=cfg.seed)  # fmt: skip
         li, pi = grid.best
+        # control: the same probe on an untrained model of the same shape (entity identity alone)
+        torch.manual_seed(cfg.seed + 1)
+        rand = GPT(model.cfg).to(run.device).eval()
+        ra = {n: collect(rand, b.ids, [names[li]], [positions[pi]]) for n, b in (("train", clean_b), ("noisy", noisy))}
+        rgrid = probe_grid("bridge", ra["train"], ys["train"], {"noisy": (ra["noisy"], ys["noisy"])},
+                           layers[li:li + 1], positions[pi:pi + 1], seed=cfg.seed, shuffle_control=False)  # fmt: skip
         return {**grid.to_json(), "best_layer": layers[li], "best_position": positions[pi],
+                "acc_noisy_random_model": float(rgrid.acc["noisy"][0, 0]),
                 "acc_noisy": float(grid.acc["noisy"][li, pi]), "acc_heldout": float(grid.acc["heldout_test"][li, pi]),
                 "acc_shuffled": float(grid.acc_shuffled[li, pi]),
                 "n_classes_train": int(len(np.unique(ys["train"])))}  # fmt: skip
@@ -123,7 +131,7 @@ def run(cfg: Config, run) -> dict:
         li = max(li, 1)  # the embedding layer holds no computed bridge
         x = collect(model, clean_b.ids, [names[li]], [positions[pi]])[0, :, 0].numpy()
         y = np.array([person[it.meta["bridge"]] for it in clean_q])
-        res = inlp(x, y, n_iters=cfg.inlp_iters, seed=cfg.seed)
+        res = inlp(x, y, n_iters=cfg.inlp_iters, seed=cfg.seed, max_rank=cfg.inlp_max_rank)
         h = [(names[li], project_out_hook(res.projection, [positions[pi]]))]
         hr = [(names[li], project_out_hook(random_projection(x.shape[1], res.rank, cfg.seed), [positions[pi]]))]
         out = {"layer": layers[li], "position": positions[pi], "rank": res.rank, "accuracies": res.accuracies}
@@ -142,7 +150,9 @@ def run(cfg: Config, run) -> dict:
         "facts_em": final["facts_em"], "noisy_memorized": final["noisy_memorized"],
         "noisy_true_answer": final["noisy_true_answer"], "probe_bridge_acc_noisy": pr["acc_noisy"],
         "probe_bridge_acc_heldout": pr["acc_heldout"], "probe_bridge_acc_shuffled": pr["acc_shuffled"],
+        "probe_bridge_acc_noisy_random_model": pr["acc_noisy_random_model"],
         "inlp_memorization_drop": il["memorization_drop"], "inlp_random_drop": il["random_memorization_drop"],
+        "inlp_rank": il["rank"], "inlp_clean_train_drop": il["before"]["clean_train_em"] - il["inlp"]["clean_train_em"],
         "steps": final["steps"], "train_seconds": final["train_seconds"],
     }  # fmt: skip
 

@@ -193,7 +193,7 @@ def thr_sections(run_dir: Path) -> list[Section]:
     if pr:
         out.append(Section("Bridge-entity probe", f"Best cell {pr['best_layer']} / position {pr['best_position']}; "
                            f"{pr['n_classes_train']} classes; majority rate {pr['majority']:.3f}.",
-                           table=[{k: pr[k] for k in ("acc_noisy", "acc_heldout", "acc_shuffled")}]))
+                           table=[{k: pr.get(k) for k in ("acc_noisy", "acc_heldout", "acc_shuffled", "acc_noisy_random_model")}]))
     il = _read(an / "inlp.json")
     if il:
         out.append(Section("INLP: removing the bridge subspace", f"rank {il['rank']} at {il['layer']} / position "
