@@ -5,9 +5,9 @@ prefixes of n = n₁ < … < N words and ask whether ‖v_n‖² does the same:
 
 * monotonicity: Spearman ρ(n, ‖v_n‖²);
 * linearity: R² and slope of the OLS fit ‖v_n‖² = a + b·n, and R² against the cumulative IC of the prefix;
-* curvature: the quadratic term's share of the rise, c₂·(N − n₁)² / |‖v_N‖² − ‖v_{n₁}‖²| of the fit
-  c₀ + c₁n + c₂n² (0 linear, ≈ 1 for n², negative when flattening), and the ratio of the first-half slope to
-  the second-half slope (> 1 flattening, < 1 convex);
+* curvature: the quadratic term relative to the total change, c₂·(N − n₁)² / |‖v_N‖² − ‖v_{n₁}‖²| of the
+  fit c₀ + c₁n + c₂n² (0 linear, ≈ 1 for n², > 0 convex, < 0 concave; a curve falling to a fixed point is
+  convex), and the ratio of the first-half slope to the second-half slope (> 1 the change slows down);
 * fixed point: cos(v_n, v_N) over the second half, and the relative growth of ‖v‖² over the second half.
 
 Texts: i.i.d. draws from the wordfreq unigram distribution (IC exactly additive), and natural text (the
