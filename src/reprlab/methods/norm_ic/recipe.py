@@ -47,7 +47,6 @@ from reprlab.methods.norm_ic.stats import correspondence, spearman
 from reprlab.methods.norm_ic.vocab import candidate_words, sample_vocabulary
 
 log = logging.getLogger(__name__)
-H = lambda text: field(metadata={"help": text})  # noqa: E731
 WORD_COMPOSITIONS = tuple(c for c in ALL_COMPOSITIONS)
 TEXT_COMPOSITIONS = ("sum", "mean", "scaled_a", "scaled_b", "scaled_c", "ind", "joint", "inf", "max", "sif", "pooled")
 
