@@ -17,7 +17,6 @@ Pipeline (each step a resumable stage): data -> train (checkpoints, dynamics) ->
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -155,7 +154,3 @@ def report_sections(run_dir: Path):
     from reprlab.methods.reason_to_rote.report import fda_sections
 
     return fda_sections(Path(run_dir))
-
-
-def _read(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
