@@ -68,12 +68,17 @@ def metric_curves_section(rows: list[dict[str, Any]], max_panels: int = 12) -> S
     return Section("Training curves", text="Every numeric metric in metrics.jsonl over steps.", figure=fig)
 
 
-def headline_section(run_dir: Path) -> Section:
+def headline_section(run_dir: Path, max_rows: int = 60) -> Section:
+    """The first ``max_rows`` keys of summary.json; recipes with big grids show them in their own tables."""
     path = Path(run_dir) / "summary.json"
     if not path.exists():
         return Section("Headline metrics", text="summary.json is missing: the run did not finish.")
     summary = read_json(path)
-    return Section("Headline metrics", table=[{"metric": k, "value": v} for k, v in summary.items()])
+    rows = [{"metric": k, "value": v} for k, v in summary.items()]
+    text = ""
+    if len(rows) > max_rows:
+        text = f"First {max_rows} of {len(rows)} keys; all of them are in summary.json."
+    return Section("Headline metrics", text=text, table=rows[:max_rows])
 
 
 def recipe_sections(run_dir: Path) -> list[Section]:
