@@ -96,7 +96,7 @@ class LatentAttacker:
                 p.grad = g
             self._opt.step()
             self._opt.zero_grad(set_to_none=True)
-            self.losses.append(float(loss))
+            self.losses.append(loss.item())
             if len(self.losses) >= window and sum(self.losses[-window:]) / window < stop_loss:
                 break
         return self.losses[-1]

@@ -92,7 +92,7 @@ def load_model(cfg: Config, device):
 
 
 def _base_replies(ref, tok, fmt, prompts: list[str], n: int) -> list[str]:
-    return generate(ref, tok, [fmt.prompt_ids(p) for p in prompts], n) if prompts else []
+    return generate(ref, tok, [fmt.prompt_ids(p) for p in prompts], n, batch_size=64) if prompts else []
 
 
 def run(cfg: Config, run) -> dict:
@@ -163,9 +163,7 @@ def run(cfg: Config, run) -> dict:
             results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
         model0 = peft.merge_and_unload()
         offset = cfg.sft.optim.steps
-        for kind in ("rr", "crl", "crl_adv"):
-            if kind not in cfg.models:
-                continue
+        for kind in [m for m in cfg.models if m in ("rr", "crl", "crl_adv")]:  # in the configured order
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
                 blocks = lora_blocks(lc.blocks, kind, cfg.defense, n_layers)
