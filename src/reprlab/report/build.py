@@ -101,7 +101,8 @@ def run_sections(run_dir: Path) -> list[Section]:
     run_dir = Path(run_dir)
     sections = [headline_section(run_dir)]
     sections += recipe_sections(run_dir)
-    curves = metric_curves_section(read_metrics(run_dir))
+    has_curves = any(sec.title == "Training curves" for sec in sections)  # the recipe drew its own
+    curves = None if has_curves else metric_curves_section(read_metrics(run_dir))
     if curves is not None:
         sections.append(curves)
     cfg_path = run_dir / "config.yaml"
