@@ -13,15 +13,6 @@ from reprlab.ot import cosine_cost, ipot, ot_distance, sinkhorn
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    # Same reason as tests/unit/ot/conftest.py: 2 OpenMP threads stall on the shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _ragged_problem(seed, batch=6, n=9, m=7, uniform=False):
     g = torch.Generator().manual_seed(seed)
     C = torch.rand(batch, n, m, generator=g, dtype=F64)

@@ -1,22 +1,12 @@
-"""Fixtures for the OTCCLIP tests: tiny synthetic item images (no Fashion-MNIST read needed) and one thread."""
+"""Fixtures for the OTCCLIP tests: tiny synthetic item images (no Fashion-MNIST read needed) (one intra-op thread comes from tests/conftest.py)."""
 
 import os
 
 import numpy as np
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny models are latency-bound; more threads only contend on shared CI CPUs
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
