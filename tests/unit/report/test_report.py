@@ -18,3 +18,9 @@ def test_render_embeds_figures_and_writes_pngs(tmp_path):
     page = html.read_text()
     assert "data:image/png;base64," in page and "<strong>bold</strong>" in page
     assert (tmp_path / "figures" / "curve.png").exists() and "figures/curve.png" in md.read_text()
+
+
+def test_fenced_blocks_render_as_pre(tmp_path):
+    html, _ = render([Section("Config", text="before\n```\nseed: 0\n```\nafter")], "T", tmp_path)
+    page = html.read_text()
+    assert "<pre>seed: 0\n</pre>" in page and "<p>before</p>" in page and "```" not in page
