@@ -30,7 +30,19 @@ from reprlab.methods.crl_safety.trainer import Trainer  # noqa: E402
 from reprlab.models.lora import add_lora  # noqa: E402
 
 
-def plain_crl_step(model, opt, harmful, benign, rng, c: CrlCfg, layers, bs, pad):
+@torch.no_grad()
+def plain_center(model, harmful, benign, pad):
+    """Reference centre: per layer, the mean of the two classes' mean response states (one batch per class)."""
+    means = []
+    with model.disable_adapter():
+        for pairs in (harmful, benign):
+            b = collate(pairs, pad)
+            hs = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=1).hidden_states
+            means.append(torch.stack([h[b.response_mask].mean(0) for h in hs]))
+    return (means[0] + means[1]) / 2
+
+
+def plain_crl_step(model, opt, harmful, benign, rng, c: CrlCfg, layers, bs, pad, center):
     """Reference: one CRL step written out with no caching and no helpers beyond collate/forward."""
     ih, ib = rng.sample(range(len(harmful)), bs), rng.sample(range(len(benign)), bs)
     bh, bb = collate([harmful[i] for i in ih], pad), collate([benign[i] for i in ib], pad)
@@ -41,11 +53,12 @@ def plain_crl_step(model, opt, harmful, benign, rng, c: CrlCfg, layers, bs, pad)
     oh = forward(model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1).hidden_states
     ob = forward(model, bb.attention_mask, input_ids=bb.input_ids, logits_last=bb.n_response + 1)
     cos_d = lambda a, b: 1 - F.cosine_similarity(a, b, dim=-1)  # noqa: E731
-    hh = torch.stack([oh[i][bh.response_mask] for i in layers])
+    ctr = center[layers].unsqueeze(1)
+    hh = torch.stack([oh[i][bh.response_mask] for i in layers]) - ctr
     mu = hh.mean(1, keepdim=True)
-    hb = torch.stack([ob.hidden_states[i][bb.response_mask] for i in layers])
-    fb = torch.stack([fbo.hidden_states[i][bb.response_mask] for i in layers])
-    fhh = torch.stack([fh[i][bh.response_mask] for i in layers])
+    hb = torch.stack([ob.hidden_states[i][bb.response_mask] for i in layers]) - ctr
+    fb = torch.stack([fbo.hidden_states[i][bb.response_mask] for i in layers]) - ctr
+    fhh = torch.stack([fh[i][bh.response_mask] for i in layers]) - ctr
     l_b = F.relu(cos_d(hb, fb) - cos_d(hb, mu) + c.margin_benign).mean()
     l_h = F.relu(cos_d(hh, mu) - cos_d(hh, fhh) + c.margin_harmful).mean()
     lz, _, m = response_logits(ob.logits, bb)
@@ -85,6 +98,7 @@ def main():
     crl = CrlCfg(layers_benign=spec, layers_harmful=spec)
     bs = 4
     peft = add_lora(model, r=16, alpha=16, dropout=0.0)
+    center = plain_center(peft, harmful, benign, tok.pad_token_id)  # the recipe's centred cosines (ours)
 
     # ours: warm-up step (fills the frozen cache, as in a real run), then timed steps
     cfg = DefenseCfg(optim=OptimCfg(steps=args.steps + 1, batch_size=bs, lr=1e-4, checkpoint_every=10**9), crl=crl)
@@ -107,10 +121,10 @@ def main():
             p.data.zero_()
     opt = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
     rng = random.Random(0)
-    plain_crl_step(peft, opt, harmful, benign, rng, crl, layers, bs, tok.pad_token_id)  # warm-up
+    plain_crl_step(peft, opt, harmful, benign, rng, crl, layers, bs, tok.pad_token_id, center)  # warm-up
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        plain_crl_step(peft, opt, harmful, benign, rng, crl, layers, bs, tok.pad_token_id)
+        plain_crl_step(peft, opt, harmful, benign, rng, crl, layers, bs, tok.pad_token_id, center)
     t_plain = (time.perf_counter() - t0) / args.steps
 
     # same loss check: both implementations on one identical batch at the LoRA-zero point
@@ -121,7 +135,7 @@ def main():
     with torch.no_grad():
         ours0 = float(tr.loss(1)[0])
     opt_noop = torch.optim.SGD([p for p in peft.parameters() if p.requires_grad], lr=0.0)
-    ref0 = plain_crl_step(peft, opt_noop, harmful, benign, rng_ref, crl, layers, bs, tok.pad_token_id)
+    ref0 = plain_crl_step(peft, opt_noop, harmful, benign, rng_ref, crl, layers, bs, tok.pad_token_id, center)
 
     # embedding attack: 8 prompts batched vs one at a time, same steps
     peft.eval()

@@ -65,3 +65,17 @@ def test_shipped_recipes_load_strictly(name):
     rec = get_recipe(name)
     cfg = load_config(R.Config, rec.config, list(rec.demo or ()))
     assert cfg.seed == 0
+
+
+def test_mechanism_centred_cosines_are_one_for_an_untrained_adapter(tiny, fmt):
+    """At LoRA init h' = h, so raw and centred cos(trained, frozen) are 1 at every layer."""
+    from reprlab.methods.crl_safety.metrics import mechanism
+    from reprlab.models.lora import add_lora
+
+    model, tok = tiny
+    harm = [(fmt.prompt_ids(f"bad {i}"), fmt.response_ids("x", f"Sure {i} step", end_turn=False)) for i in range(4)]
+    ben = [(fmt.prompt_ids(f"good {i}"), fmt.response_ids("x", f"Here {i} you go", end_turn=False)) for i in range(4)]
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    m = mechanism(peft, harm, ben, tok.pad_token_id, [1, 3], frozen_ctx=peft.disable_adapter())
+    for k in ("cos_harmful", "cos_benign", "cos_harmful_centered", "cos_benign_centered"):
+        assert m[k] == pytest.approx([1.0, 1.0], abs=1e-4)

@@ -94,3 +94,52 @@ def test_latent_attack_identity_at_init_and_learns(tiny, fmt, data):
     att.train(model, iter(lambda: b, None), iterations=20, stop_loss=0.0, window=5)
     assert att.losses[-1] < before  # minimising the harmful-completion CE
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_state_means_is_the_balanced_mean_of_class_means(tiny, data):
+    """Independent recomputation: one unpadded pass per example, then mean of the two class means."""
+    from reprlab.methods.crl_safety.trainer import state_means
+
+    model, tok = tiny
+    harm, ben = data
+    got = state_means(model, harm[:5], ben[:3], tok.pad_token_id, chunk=2)
+    class_means = []
+    for pairs in (harm[:5], ben[:3]):
+        rows = []
+        for p, r in pairs:
+            ids = torch.tensor([p + r])
+            with torch.no_grad():
+                hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+            rows.append(torch.stack([h[0, len(p):] for h in hs]))  # [layers, n_resp, d]
+        class_means.append(torch.cat(rows, 1).mean(1))
+    torch.testing.assert_close(got, (class_means[0] + class_means[1]) / 2, atol=1e-4, rtol=1e-4)
+
+
+def test_centering_is_a_no_op_for_l2_losses_and_for_a_zero_centre(tiny, data):
+    """L2 is translation-invariant, so centred and raw CRL losses agree; a zero centre equals no centring."""
+    from reprlab.methods.crl_safety.config import CrlCfg
+
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    l2 = CrlCfg(layers_benign="1:3", layers_harmful="1:3", d_pos="l2", d_neg="l2", d_harm="l2",
+                margin_benign=5.0, margin_harmful=5.0)  # fmt: skip
+    cos = CrlCfg(layers_benign="1:3", layers_harmful="1:3")
+
+    def loss(crl, center_states, center=None):
+        tr = Trainer("crl", peft, DefenseCfg(optim=OptimCfg(batch_size=3), crl=crl, center_states=center_states),
+                     harm, ben, tok.pad_token_id, seed=3, center=center)  # fmt: skip
+        with torch.no_grad():
+            return float(tr.loss(0)[0])
+
+    assert loss(l2, True) == pytest.approx(loss(l2, False), rel=1e-5)
+    zero = torch.zeros(5, 32)  # [n_layers + 1, d_model]
+    assert loss(cos, True, zero) == pytest.approx(loss(cos, False), rel=1e-6)
+    assert loss(cos, True) != pytest.approx(loss(cos, False), rel=1e-3)  # the real centre changes cosines
+
+
+def test_rr_schedule_steps_overrides_the_run_length():
+    from reprlab.methods.crl_safety import losses as L
+
+    # CB's 150-step schedule at step 15 of a 20-step run: c_retain = 10 * 15 / 300
+    assert L.rr_coefficients(15, 150, 10.0) == pytest.approx((0.5, 9.5))

@@ -66,6 +66,9 @@ class RrCfg:
     alpha: float = field(default=10.0, metadata=_h("schedule scale (CB Llama-3: 10)"))
     layers: str = field(default="third,two_thirds", metadata=_h("reroute layers (CB Llama-3: 10,20 of 32)"))
     retain_layers: str = field(default="all", metadata=_h("retain layers (CB: all hidden states)"))
+    schedule_steps: int = field(default=0, metadata=_h(
+        "N of the schedule c_retain = alpha t/(2N); 0 = optim.steps (CB: N = its 150 steps). [ours] A larger N "
+        "keeps a short run on the early, reroute-heavy part of CB's schedule"))
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class DefenseCfg:
 
     optim: OptimCfg = field(default_factory=OptimCfg)
     lora: LoraCfg = field(default_factory=LoraCfg)
+    center_states: bool = field(default=True, metadata=_h(
+        "[ours] subtract the frozen per-layer mean response state (mean of the harmful and benign class means) "
+        "before every cosine, for CRL and RR alike; L2 is unaffected. Off = the code's raw states"))
     crl: CrlCfg = field(default_factory=CrlCfg)
     rr: RrCfg = field(default_factory=RrCfg)
     mining: MiningCfg = field(default_factory=MiningCfg)

@@ -2,7 +2,7 @@
 
 - ``benign_kl``: KL(base || model) per response token on the base model's replies to held-out harmless
   prompts (0 for the base itself).
-- ``mechanism``: per layer, the mean cos(h′, h) between the model's and its frozen reference's states on
+- ``mechanism``: per layer, the mean cos(h′, h) (raw, and centred on the frozen states' mean) between the model's and its frozen reference's states on
   harmful vs benign response tokens (the reference is the model it was fine-tuned from), and the
   cross-validated linear-probe AUROC separating harmful from benign sequences (mean response state) in
   the model's own states. Raw centroid cosine is avoided: shared high-norm directions dominate it.
@@ -91,5 +91,10 @@ def mechanism(model, harmful_pairs, benign_pairs, pad_id: int, layers: list[int]
         fb, _ = response_states(ref, benign_pairs, pad_id, layers)
     cos_h = F.cosine_similarity(h_tok, fh, dim=-1).mean(-1)  # [layers]
     cos_b = F.cosine_similarity(b_tok, fb, dim=-1).mean(-1)
+    # centred on the frozen states' balanced mean: raw cos is pinned near 1 by shared high-norm directions
+    c = ((fh.mean(1) + fb.mean(1)) / 2).unsqueeze(1)  # [layers, 1, d_model]
+    cc_h = F.cosine_similarity(h_tok - c, fh - c, dim=-1).mean(-1)
+    cc_b = F.cosine_similarity(b_tok - c, fb - c, dim=-1).mean(-1)
     auroc = [probe_auroc(h_mean[:, i].numpy(), b_mean[:, i].numpy()) for i in range(len(layers))]
-    return {"layers": layers, "cos_harmful": cos_h.tolist(), "cos_benign": cos_b.tolist(), "probe_auroc": auroc}
+    return {"layers": layers, "cos_harmful": cos_h.tolist(), "cos_benign": cos_b.tolist(),
+            "cos_harmful_centered": cc_h.tolist(), "cos_benign_centered": cc_b.tolist(), "probe_auroc": auroc}

@@ -30,7 +30,7 @@ from reprlab.methods.crl_safety.gcg import allowed_tokens
 from reprlab.methods.crl_safety.judge import make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_logit_rows
-from reprlab.methods.crl_safety.trainer import lora_blocks
+from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.train.seed import seed_everything
 
@@ -163,6 +163,7 @@ def run(cfg: Config, run) -> dict:
             results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
         model0 = peft.merge_and_unload()
         offset = cfg.sft.optim.steps
+        center = None
         for kind in [m for m in cfg.models if m in ("rr", "crl", "crl_adv")]:  # in the configured order
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
@@ -170,7 +171,11 @@ def run(cfg: Config, run) -> dict:
                 peft = add_lora(model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
                 harm = compliant
                 ben = benign if kind == "rr" else benign_crl
-                info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed).fit()
+                if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
+                    with peft.disable_adapter():
+                        center = state_means(peft, compliant, benign_crl, pad)
+                info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
+                               center=center).fit()  # fmt: skip
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
                 model0 = peft.unload()
@@ -269,19 +274,25 @@ def report_sections(run_dir: Path) -> list[Section]:
             axes[0].plot(c["curve_mean"], label=f"{m} lr={c['lr']}")
         if "mechanism" in e:
             mech = e["mechanism"]
-            axes[1].plot(mech["layers"], mech["cos_harmful"], "-o", label=f"{m} harmful")
-            axes[1].plot(mech["layers"], mech["cos_benign"], "--x", label=f"{m} benign")
+            axes[1].plot(mech["layers"], mech.get("cos_harmful_centered", mech["cos_harmful"]), "-o", label=f"{m} harmful")
+            axes[1].plot(mech["layers"], mech.get("cos_benign_centered", mech["cos_benign"]), "--x", label=f"{m} benign")
     axes[0].set(xlabel="attack step", ylabel="mean target CE", title="embedding attack (first config)")
-    axes[1].set(xlabel="layer", ylabel="cos(trained, frozen)", title="mechanism")
+    axes[1].set(xlabel="layer", ylabel="centred cos(trained, frozen)", title="mechanism")
     for ax in axes:
         ax.legend(fontsize=6)
     fig.tight_layout()
-    mech_rows = [{"model": m, "layer": layer, "cos_harmful": ch, "cos_benign": cb, "probe_auroc": au}
-                 for m, e in evals.items() if "mechanism" in e
-                 for layer, ch, cb, au in zip(e["mechanism"]["layers"], e["mechanism"]["cos_harmful"],
-                                              e["mechanism"]["cos_benign"], e["mechanism"]["probe_auroc"])]  # fmt: skip
+    mech_rows = []
+    for m, e in evals.items():
+        mech = e.get("mechanism")
+        if mech:
+            for i, layer in enumerate(mech["layers"]):
+                row = {"model": m, "layer": layer, "cos_harmful": mech["cos_harmful"][i], "cos_benign": mech["cos_benign"][i]}
+                if "cos_harmful_centered" in mech:
+                    row.update(ccos_harmful=mech["cos_harmful_centered"][i], ccos_benign=mech["cos_benign_centered"][i])
+                mech_rows.append({**row, "probe_auroc": mech["probe_auroc"][i]})
     out.append(Section("Embedding attack and mechanism", "cos between each model's and its frozen reference's states "
-                       "(stage 0 for the defences, base for refusal) on held-out response tokens; probe AUROC of "
+                       "(stage 0 for the defences, base for refusal) on held-out response tokens, raw and centred (ccos: "
+                       "minus the frozen states' mean, since shared high-norm directions pin raw cos near 1); probe AUROC of "
                        "harmful vs benign sequences in the model's own states.", table=mech_rows, figure=fig))  # fmt: skip
     out.append(Section("Does the expected result hold?", "Checked mechanically from the table above (issue 5's "
                        "'result that must show'); 'n/a' when a model was not run.", table=claims(evals)))

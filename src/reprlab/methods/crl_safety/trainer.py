@@ -50,6 +50,28 @@ def lora_blocks(spec: str, kind: str, cfg, n_layers: int) -> list[int] | None:
     return list(range(max(top, 1)))
 
 
+@torch.no_grad()
+def state_means(model, harmful: list[Pair], benign: list[Pair], pad_id: int, chunk: int = 8) -> Tensor:
+    """Centre for cosine distances: per hidden layer, the mean of the harmful and the benign class means of
+    response-token states ``[n_layers + 1, d_model]`` (balanced, so class sizes do not tilt it).
+
+    Why: SmolLM2's residual stream carries a few high-norm directions shared by every token (about 80 % of
+    the norm in the middle layers), so raw cos(h', h) stays near 1 however the adapters move the states.
+    """
+    dev = next(model.parameters()).device
+    class_means = []
+    for pairs in (harmful, benign):
+        total, count = None, 0
+        for s in range(0, len(pairs), chunk):
+            b = collate(pairs[s : s + chunk], pad_id).to(dev)
+            out = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=1)
+            sums = torch.stack([h[b.response_mask].float().sum(0) for h in out.hidden_states])
+            total = sums if total is None else total + sums
+            count += int(b.response_mask.sum())
+        class_means.append(total / max(count, 1))
+    return (class_means[0] + class_means[1]) / 2
+
+
 @dataclass
 class FrozenRows:
     """Per-example frozen states ``[layers, n_tok, d_model]`` and response logits ``[n_resp, d_vocab]``."""
@@ -65,10 +87,12 @@ class Trainer:
         harmful, benign: ``(prompt_ids, response_ids)`` pairs.
         run: the ``reprlab.runs.Run`` (metrics, checkpoints under tag ``kind``).
         step_offset: added to local steps in metrics.jsonl/checkpoints so stages never share step numbers.
+        center: precomputed :func:`state_means` of the frozen model (shared by defenses on one stage 0);
+            computed here when ``cfg.center_states`` and not given.
     """
 
     def __init__(self, kind: str, model, cfg: DefenseCfg | SftCfg, harmful: list[Pair], benign: list[Pair],
-                 pad_id: int, run=None, step_offset: int = 0, seed: int = 0):  # fmt: skip
+                 pad_id: int, run=None, step_offset: int = 0, seed: int = 0, center: Tensor | None = None):  # fmt: skip
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not harmful or not benign:
@@ -89,6 +113,16 @@ class Trainer:
             self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device)
             self._gen = torch.Generator().manual_seed(seed)
         self._frozen: dict[str, FrozenRows] = {}
+        self.center = None
+        if kind != "sft" and cfg.center_states:
+            if center is None:
+                with model.disable_adapter():
+                    center = state_means(model, harmful, benign, pad_id)
+            self.center = center.to(self.device)
+
+    def _c(self, x: Tensor, layers: list[int]) -> Tensor:
+        """Centre ``x [len(layers), n, d_model]`` with the frozen means (no-op when centring is off)."""
+        return x if self.center is None else x - self.center[layers].unsqueeze(1).to(x.dtype)
 
     # ------------------------------------------------------------------ data
     def _batch(self, pairs: list[Pair], idx: list[int]) -> Batch:
@@ -162,11 +196,12 @@ class Trainer:
 
     def _loss_rr(self, step: int, bh: Batch, bb: Batch, ih: list[int], ib: list[int]):
         c = self.cfg.rr
-        c_retain, c_reroute = L.rr_coefficients(step, self.cfg.optim.steps, c.alpha)
+        c_retain, c_reroute = L.rr_coefficients(step, c.schedule_steps or self.cfg.optim.steps, c.alpha)
         oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
-        h_harm = L.select_tokens(oh.hidden_states, self.layers["harmful"], bh.response_mask)
+        lh = self.layers["harmful"]
+        h_harm = L.select_tokens(oh.hidden_states, lh, bh.response_mask)
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
-        reroute = L.rr_reroute_loss(h_harm, f_harm)
+        reroute = L.rr_reroute_loss(self._c(h_harm, lh), self._c(f_harm, lh))
         ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, logits_last=1)
         h_ben = L.select_tokens(ob.hidden_states, self.layers["benign"], bb.response_mask)
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
@@ -196,13 +231,14 @@ class Trainer:
                 oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
         else:
             oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
-        h_harm = L.select_tokens(oh.hidden_states, union, mh)  # [union, n_tok, d_model]
+        h_harm = self._c(L.select_tokens(oh.hidden_states, union, mh), union)  # [union, n_tok, d_model]
         mu = L.harmful_centroid(h_harm, c.detach_centroid)  # [union, 1, d_model]
         pick = lambda layers: [union.index(i) for i in layers]  # noqa: E731
         ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, logits_last=bb.n_response + 1)
-        h_ben = L.select_tokens(ob.hidden_states, lb, mb)
+        h_ben = self._c(L.select_tokens(ob.hidden_states, lb, mb), lb)
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
         f_ben, f_logits = self._frozen_rows("benign", self.benign, ib, bb, logits=True)
+        f_harm, f_ben = self._c(f_harm, lh), self._c(f_ben, lb)
         l_b = L.crl_benign_loss(h_ben, f_ben, mu[pick(lb)], c.d_pos, c.d_neg, c.margin_benign)
         l_h = L.crl_harmful_loss(h_harm[pick(lh)], f_harm, mu[pick(lh)], c.d_harm, c.margin_harmful)
         lg, _, m = response_logits(ob.logits, bb)
