@@ -1,5 +1,6 @@
 import torch
 
+from reprlab.methods.crl_safety.chat import forward
 from reprlab.methods.crl_safety.embedding_attack import _init_suffix, _layout, embedding_attack, target_losses
 from reprlab.methods.crl_safety.gcg import gcg_attack
 
@@ -42,3 +43,25 @@ def test_gcg_runs_and_keeps_finite_losses(tiny, fmt):
     assert len(r.suffixes) == 2 and len(r.generations) == 2
     # the best-so-far loss is the minimum of the per-step bests
     assert r.best_loss == [min(c[i] for c in r.loss_curve) for i in range(2)]
+
+
+def test_cached_prefix_scoring_equals_full_sequence_scoring(tiny, fmt):
+    """GCG's KV-cached candidate scores equal the CE of the full left-padded sequences (target_losses)."""
+    from reprlab.methods.crl_safety.gcg import score_candidates
+
+    model, tok, prompts, targets = _setup(tiny, fmt)
+    embed = model.get_input_embeddings()
+    g = torch.Generator().manual_seed(0)
+    for p, t in zip(prompts, targets):
+        cands = torch.randint(3, 200, (5, 4), generator=g)  # [width, n_suffix]
+        pre, post = fmt.suffix_split(p)
+        got, exact = score_candidates(model, pre, cands, post, t, chunk=2)
+        b, slots = _layout(fmt, [p] * 5, [t] * 5, 4, tok.pad_token_id)
+        with torch.no_grad():
+            want = target_losses(model, embed, b, slots, embed(cands))
+            emb = embed(b.input_ids).masked_scatter(slots.unsqueeze(-1), embed(cands))
+            logits = forward(model, b.attention_mask, inputs_embeds=emb, hidden=False, logits_last=None).logits
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        greedy = logits[:, -len(t) - 1 : -1].argmax(-1) == torch.tensor(t)
+        assert exact.tolist() == greedy.all(-1).tolist()
+

@@ -143,3 +143,23 @@ def test_rr_schedule_steps_overrides_the_run_length():
 
     # CB's 150-step schedule at step 15 of a 20-step run: c_retain = 10 * 15 / 300
     assert L.rr_coefficients(15, 150, 10.0) == pytest.approx((0.5, 9.5))
+
+
+def test_crl_adv_with_the_attack_never_used_trains_exactly_like_crl(tiny, data):
+    """The mining draws its own batches, coin flips and dropout, so with prob = 0 CRL+mining = CRL bit for bit."""
+    import dataclasses
+
+    harm, ben = data
+    out = {}
+    for kind in ("crl", "crl_adv"):
+        model, tok = tiny
+        torch.manual_seed(0)
+        peft = add_lora(model, r=4, alpha=8, dropout=0.1)
+        cfg = _cfg(steps=3)
+        cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, prob=0.0))
+        Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, seed=0).fit()
+        out[kind] = {n: p.detach().clone() for n, p in peft.named_parameters() if "lora_" in n}
+        peft.unload()
+    assert out["crl"].keys() == out["crl_adv"].keys()
+    for n in out["crl"]:
+        torch.testing.assert_close(out["crl"][n], out["crl_adv"][n], rtol=0, atol=0)

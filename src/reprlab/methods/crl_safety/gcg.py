@@ -4,10 +4,15 @@ Each step, per prompt: the gradient of the target CE w.r.t. the one-hot suffix g
 promising tokens per position; ``search_width`` random single-token swaps are scored exactly and the best
 candidate is kept. All prompts' candidates are scored in shared forward passes. Tokens are restricted to
 ASCII-printable, non-special vocabulary entries [ours]; no re-tokenisation filter [ours: simplification].
+
+Candidate scoring reuses each prompt's prefix (template + prompt, the tokens before the suffix) as a KV cache,
+so a candidate's forward pass covers only suffix + template tail + target: on SmolLM2 with 30-token prompts
+that is about a quarter of the tokens (the trick nanoGCG also uses). Tested equal to uncached scoring.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -37,9 +42,62 @@ def allowed_tokens(tok, vocab_size: int) -> torch.Tensor:
     return ok
 
 
+@torch.no_grad()
+def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids: list[int], target_ids: list[int],
+                     chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Mean target CE of each candidate suffix of one prompt, with the prefix computed once as a KV cache.
+
+    Args:
+        cands: ``[width, n_suffix]`` suffix token ids.
+
+    Returns:
+        ``(ce [width], exact [width])``: CE of ``target_ids`` after ``prefix + cand + post``, and whether greedy
+        decoding would emit the whole target (argmax match at every target position).
+    """
+    if not target_ids or not prefix_ids:
+        raise ValueError(f"GCG scoring needs a non-empty prefix and target ({len(prefix_ids)}, {len(target_ids)} tokens)")
+    dev = cands.device
+    pre = torch.tensor([prefix_ids], device=dev)
+    cache = _cache_of(model(input_ids=pre, use_cache=True))
+    n_pre, n_t = len(prefix_ids), len(target_ids)
+    tail = torch.tensor(post_ids + target_ids, device=dev)
+    tgt = torch.tensor(target_ids, device=dev)
+    out, exact = [], []
+    for s in range(0, cands.shape[0], chunk):
+        c = cands[s : s + chunk]
+        ids = torch.cat([c, tail.expand(c.shape[0], -1)], 1)  # [c, n_suffix + len(post) + n_target]
+        kv = copy.deepcopy(cache)
+        kv.batch_repeat_interleave(c.shape[0])
+        pos = torch.arange(n_pre, n_pre + ids.shape[1], device=dev).expand(c.shape[0], -1)
+        mask = torch.ones(c.shape[0], n_pre + ids.shape[1], dtype=torch.long, device=dev)
+        logits = model(input_ids=ids, **{_CACHE_KW: kv}, attention_mask=mask, position_ids=pos, use_cache=True,
+                       logits_to_keep=n_t + 1).logits[:, :-1]  # fmt: skip
+        ce = F.cross_entropy(logits.float().transpose(1, 2), tgt.expand(c.shape[0], -1), reduction="none")
+        out.append(ce.mean(-1))
+        exact.append((logits.argmax(-1) == tgt).all(-1))
+    return torch.cat(out), torch.cat(exact)
+
+
+# transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns); support both
+def _cache_kw() -> str:
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+_CACHE_KW = _cache_kw()
+
+
+def _cache_of(out):
+    return getattr(out, "cache", None) or out.past_key_values
+
+
 def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[list[int]], steps: int, n_suffix: int = 10,
                top_k: int = 64, search_width: int = 32, init_token: str = " x", max_new_tokens: int = 32,
-               allowed: torch.Tensor | None = None, seed: int = 0, chunk: int = 64) -> GCGResult:  # fmt: skip
+               allowed: torch.Tensor | None = None, seed: int = 0, chunk: int = 64,
+               early_stop: bool = True) -> GCGResult:  # fmt: skip
     dev = next(model.parameters()).device
     embed = model.get_input_embeddings()
     vocab = embed.weight.shape[0]
@@ -49,10 +107,12 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
     suffix = torch.tensor(init_ids * n_suffix, device=dev).repeat(n, 1)  # [batch, n_suffix]
     batch, slots = _layout(fmt, prompts, targets, n_suffix, tok.pad_token_id)
     batch, slots = batch.to(dev), slots.to(dev)
+    splits = [fmt.suffix_split(p) for p in prompts]
     gen = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
     curve, best = [], torch.full((n,), float("inf"))
+    done = torch.zeros(n, dtype=torch.bool)  # prompts whose suffix already makes greedy decoding emit the target
     for _ in range(steps):
         onehot = F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)  # [batch, n_suffix, d_vocab]
         losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
@@ -64,21 +124,18 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
         cands = suffix.unsqueeze(1).repeat(1, search_width, 1)  # [batch, width, n_suffix]
         new_tok = top[torch.arange(n, device=dev)[:, None], pos, pick]
         cands.scatter_(2, pos.unsqueeze(-1), new_tok.unsqueeze(-1))
-        # score all candidates of all prompts: row r*width + w uses prompt r's layout
-        flat = cands.reshape(n * search_width, n_suffix)
-        rep = torch.arange(n, device=dev).repeat_interleave(search_width)
-        scores = []
-        with torch.no_grad():
-            for s in range(0, flat.shape[0], chunk):
-                r = rep[s : s + chunk]
-                sub = type(batch)(batch.input_ids[r], batch.attention_mask[r], batch.response_mask[r], batch.n_response)
-                scores.append(target_losses(model, embed, sub, slots[r], embed(flat[s : s + chunk])))
-        scores = torch.cat(scores).view(n, search_width)
-        idx = scores.argmin(-1)
-        suffix = cands[torch.arange(n, device=dev), idx]
-        step_best = scores.min(-1).values.cpu()
+        step_best = best.clone()
+        for r in range(n):  # one cached prefix per prompt; its candidates share it
+            if done[r]:
+                continue
+            pre, post = splits[r]
+            sc, ex = score_candidates(model, pre, cands[r], post, list(targets[r]), chunk)
+            i = int(sc.argmin())
+            suffix[r], step_best[r], done[r] = cands[r, i], float(sc[i]), bool(ex[i])
         best = torch.minimum(best, step_best)
         curve.append(step_best.tolist())
+        if early_stop and bool(done.all()):  # as nanoGCG: stop once every target is matched exactly
+            break
     texts = [tok.decode(s.tolist(), skip_special_tokens=True) for s in suffix]
     # generate from discrete ids: pre + suffix + post exactly as optimised (no re-tokenisation)
     ids = []

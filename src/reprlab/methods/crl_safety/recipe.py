@@ -156,6 +156,7 @@ def run(cfg: Config, run) -> dict:
         lc = cfg.sft.lora
         work = copy.deepcopy(ref)
         blocks = None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
+        torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
         info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
         run.stage("train_refusal", lambda: info)
@@ -168,6 +169,7 @@ def run(cfg: Config, run) -> dict:
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
                 blocks = lora_blocks(lc.blocks, kind, cfg.defense, n_layers)
+                torch.manual_seed(cfg.seed)  # every defence starts from the same adapter init and dropout stream
                 peft = add_lora(model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
                 harm = compliant
                 ben = benign if kind == "rr" else benign_crl

@@ -112,6 +112,8 @@ class Trainer:
             d_model = model.get_input_embeddings().weight.shape[1]
             self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device)
             self._gen = torch.Generator().manual_seed(seed)
+            # the attack draws its own batches and coin flips, so CRL and CRL+mining see the same training batches
+            self.adv_rng = random.Random(seed + 1)
         self._frozen: dict[str, FrozenRows] = {}
         self.center = None
         if kind != "sft" and cfg.center_states:
@@ -128,9 +130,9 @@ class Trainer:
     def _batch(self, pairs: list[Pair], idx: list[int]) -> Batch:
         return collate([pairs[i] for i in idx], self.pad_id).to(self.device)
 
-    def _sample(self, pairs: list[Pair]) -> list[int]:
+    def _sample(self, pairs: list[Pair], rng: random.Random | None = None) -> list[int]:
         n = min(self.cfg.optim.batch_size, len(pairs))
-        return self.rng.sample(range(len(pairs)), n)
+        return (rng or self.rng).sample(range(len(pairs)), n)
 
     def _token_mask(self, batch: Batch) -> Tensor:
         if self.kind in ("crl", "crl_adv") and self.cfg.crl.tokens == "last":
@@ -212,13 +214,15 @@ class Trainer:
     def _mining_step(self, step: int) -> bool:
         """Refresh/extend the latent attack; return whether this step's harmful pass goes through it."""
         m, a = self.cfg.mining, self.attacker
-        batches = iter(lambda: self._batch(self.harmful, self._sample(self.harmful)), None)
-        if a.module is None or step % m.refresh_every == 0:
-            a.refresh(self._gen)
-            a.train(self.model, batches, m.iterations, m.stop_loss, m.window)
-        elif m.extra_iters:
-            a.train(self.model, batches, m.extra_iters, m.stop_loss, m.window)
-        return a.ready(m.gate_loss) and self.rng.random() < m.prob
+        batches = iter(lambda: self._batch(self.harmful, self._sample(self.harmful, self.adv_rng)), None)
+        # fork torch's RNG: the attack's dropout draws must not shift the defence's own dropout masks
+        with torch.random.fork_rng(devices=[]):
+            if a.module is None or step % m.refresh_every == 0:
+                a.refresh(self._gen)
+                a.train(self.model, batches, m.iterations, m.stop_loss, m.window)
+            elif m.extra_iters:
+                a.train(self.model, batches, m.extra_iters, m.stop_loss, m.window)
+        return a.ready(m.gate_loss) and self.adv_rng.random() < m.prob
 
     def _loss_crl(self, step: int, bh: Batch, bb: Batch, ih: list[int], ib: list[int]):
         c = self.cfg.crl
@@ -249,6 +253,12 @@ class Trainer:
             info["attack_loss"] = self.attacker.losses[-1]
         return loss, info
 
+    def _rng_states(self) -> dict:
+        out = {"rng": self.rng.getstate()}
+        if self.attacker is not None:
+            out["adv_rng"] = self.adv_rng.getstate()
+        return out
+
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:
         """Train ``cfg.optim.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
@@ -260,6 +270,8 @@ class Trainer:
             if got is not None:
                 start = got[0] - self.offset
                 self.rng.setstate(_tuple_state(got[1]["rng"]))
+                if self.attacker is not None and "adv_rng" in got[1]:
+                    self.adv_rng.setstate(_tuple_state(got[1]["adv_rng"]))
         self.model.train()
         t0, hist = time.time(), []
         for step in range(start, o.steps):
@@ -274,7 +286,7 @@ class Trainer:
             done = step + 1
             if self.run is not None and (done % o.checkpoint_every == 0 or done == o.steps):
                 self.run.save_checkpoint(self.offset + done, modules, {"opt": self.opt},
-                                         extra={"rng": self.rng.getstate()}, tag=self.kind)  # fmt: skip
+                                         extra=self._rng_states(), tag=self.kind)  # fmt: skip
         self.model.eval()
         tail = hist[-5:]
         out = {k: sum(h[k] for h in tail) / len(tail) for k in (tail[0] if tail else {})}
