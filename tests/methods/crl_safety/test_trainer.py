@@ -163,3 +163,44 @@ def test_crl_adv_with_the_attack_never_used_trains_exactly_like_crl(tiny, data):
     assert out["crl"].keys() == out["crl_adv"].keys()
     for n in out["crl"]:
         torch.testing.assert_close(out["crl"][n], out["crl_adv"][n], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["crl", "crl_adv"])
+def test_interrupted_and_resumed_training_ends_where_an_uninterrupted_one_does(tiny, data, tmp_path, kind):
+    """Checkpoints carry the adapters, optimizer, RNGs and (for mining) the live latent attack and its state."""
+    import dataclasses
+
+    from reprlab.runs import Run
+
+    harm, ben = data
+
+    class Interrupted(Exception):
+        pass
+
+    class Stopping(Trainer):  # dies at the start of step 3, after the step-2 checkpoint
+        def loss(self, step):
+            if step == 3:
+                raise Interrupted
+            return super().loss(step)
+
+    def train(run_dir, cls=Trainer):
+        model, tok = tiny
+        torch.manual_seed(0)
+        peft = add_lora(model, r=4, alpha=8, dropout=0.1)
+        cfg = _cfg(steps=5)
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, checkpoint_every=2),
+                                  mining=dataclasses.replace(cfg.mining, refresh_every=5, prob=1.0))  # fmt: skip
+        run = Run.create(run_dir, cfg, "crl-tiny", resume=run_dir.exists(), quiet=True)
+        try:
+            cls(kind, peft, cfg, harm, ben, tok.pad_token_id, run=run, seed=0).fit()
+        except Interrupted:
+            pass
+        out = {n: p.detach().clone() for n, p in peft.named_parameters() if "lora_" in n}
+        peft.unload()
+        return out
+
+    whole = train(tmp_path / "whole")
+    train(tmp_path / "cut", Stopping)
+    resumed = train(tmp_path / "cut")
+    for n in whole:
+        torch.testing.assert_close(resumed[n], whole[n], rtol=0, atol=0)

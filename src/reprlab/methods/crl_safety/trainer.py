@@ -253,25 +253,35 @@ class Trainer:
             info["attack_loss"] = self.attacker.losses[-1]
         return loss, info
 
-    def _rng_states(self) -> dict:
-        out = {"rng": self.rng.getstate()}
-        if self.attacker is not None:
-            out["adv_rng"] = self.adv_rng.getstate()
-        return out
+    def _ckpt_parts(self) -> tuple[dict, dict, dict]:
+        """Modules, optimizers and JSON extras of a checkpoint; CRL+mining adds the live latent attack."""
+        modules, optims = {"lora": AdapterParams(self.model)}, {"opt": self.opt}
+        extra = {"rng": self.rng.getstate()}
+        a = self.attacker
+        if a is not None and a.module is not None:
+            modules["attack"], optims["attack_opt"] = a.module, a._opt
+            extra["adv_rng"] = self.adv_rng.getstate()
+            extra["attack"] = {"block": a.module.block, "losses": a.losses, "n_refresh": a.n_refresh,
+                               "gen": self._gen.get_state().tolist()}  # fmt: skip
+        return modules, optims, extra
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:
         """Train ``cfg.optim.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
         o = self.cfg.optim
         start = 0
-        modules = {"lora": AdapterParams(self.model)}
-        if self.run is not None:
-            got = self.run.load_checkpoint(modules, {"opt": self.opt}, tag=self.kind)
-            if got is not None:
-                start = got[0] - self.offset
-                self.rng.setstate(_tuple_state(got[1]["rng"]))
-                if self.attacker is not None and "adv_rng" in got[1]:
-                    self.adv_rng.setstate(_tuple_state(got[1]["adv_rng"]))
+        if self.run is not None and self.run.checkpoints(self.kind):
+            if self.attacker is not None:  # a placeholder module to load the saved attack into
+                self.attacker.refresh(torch.Generator())
+            modules, optims, _ = self._ckpt_parts()
+            step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
+            start = step - self.offset
+            self.rng.setstate(_tuple_state(extra["rng"]))
+            if self.attacker is not None:
+                a, st = self.attacker, extra["attack"]
+                self.adv_rng.setstate(_tuple_state(extra["adv_rng"]))
+                a.module.block, a.losses, a.n_refresh = st["block"], list(st["losses"]), st["n_refresh"]
+                self._gen.set_state(torch.tensor(st["gen"], dtype=torch.uint8))
         self.model.train()
         t0, hist = time.time(), []
         for step in range(start, o.steps):
@@ -285,8 +295,8 @@ class Trainer:
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
             if self.run is not None and (done % o.checkpoint_every == 0 or done == o.steps):
-                self.run.save_checkpoint(self.offset + done, modules, {"opt": self.opt},
-                                         extra=self._rng_states(), tag=self.kind)  # fmt: skip
+                modules, optims, extra = self._ckpt_parts()
+                self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
         self.model.eval()
         tail = hist[-5:]
         out = {k: sum(h[k] for h in tail) / len(tail) for k in (tail[0] if tail else {})}
