@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import typer
 
 from reprlab.recipes import all_recipes, get_recipe
+from reprlab.runner import execute
+
+__all__ = ["app", "execute", "main"]
 
 app = typer.Typer(
     add_completion=False,
@@ -38,44 +40,6 @@ def _setup_logging(quiet: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _default_out(name: str) -> Path:
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")  # same on every torchrun rank, so ranks share one folder
-    stamp = run_id if run_id and run_id != "none" else time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name}-{stamp}"
-
-
-def execute(
-    recipe_name: str,
-    overrides: list[str] | tuple[str, ...] = (),
-    out: Path | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    quiet: bool = False,
-    demo: bool = False,
-) -> Path:
-    """Run a recipe end to end (config → run folder → ``run`` → summary → report); returns the run folder."""
-    from reprlab.report.build import build_report
-    from reprlab.runs import Run
-    from reprlab.train.seed import seed_everything
-
-    recipe = get_recipe(recipe_name)
-    all_overrides = [*(recipe.demo if demo else ()), *overrides]
-    cfg = recipe.build_config(all_overrides)
-    out = Path(out) if out is not None else _default_out(recipe.name + ("-demo" if demo else ""))
-    run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
-                     argv=["reprlab", "run", recipe_name, *all_overrides])  # fmt: skip
-    seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
-    logging.getLogger("reprlab").info("run folder: %s", run.dir)
-    t0 = time.time()
-    summary = recipe.module().run(cfg, run)
-    if run.is_main:
-        summary = dict(summary or {})
-        summary.setdefault("wall_time_s", round(time.time() - t0, 1))
-        if demo:
-            summary.setdefault("variant", "demo")
-        run.write_summary(summary)
-        build_report(run.dir)
-    return run.dir
 
 
 @app.command("recipes")

@@ -38,7 +38,7 @@ def run_demo(out: Path, names: list[str] | None = None, resume: bool = False, qu
     A recipe that fails is recorded with its error and the demo goes on, so one broken method does not hide
     the others; the function raises at the end if any failed.
     """
-    from reprlab.cli import execute
+    from reprlab.runner import execute
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
