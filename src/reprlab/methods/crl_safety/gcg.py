@@ -13,6 +13,7 @@ that is about a quarter of the tokens (the trick nanoGCG also uses). Tested equa
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,8 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         raise ValueError(f"GCG scoring needs a non-empty prefix and target ({len(prefix_ids)}, {len(target_ids)} tokens)")
     dev = cands.device
     pre = torch.tensor([prefix_ids], device=dev)
+    # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = _cache_of(model(input_ids=pre, use_cache=True))
     n_pre, n_t = len(prefix_ids), len(target_ids)
     tail = torch.tensor(post_ids + target_ids, device=dev)
@@ -70,24 +73,12 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         kv.batch_repeat_interleave(c.shape[0])
         pos = torch.arange(n_pre, n_pre + ids.shape[1], device=dev).expand(c.shape[0], -1)
         mask = torch.ones(c.shape[0], n_pre + ids.shape[1], dtype=torch.long, device=dev)
-        logits = model(input_ids=ids, **{_CACHE_KW: kv}, attention_mask=mask, position_ids=pos, use_cache=True,
+        logits = model(input_ids=ids, **{cache_kw: kv}, attention_mask=mask, position_ids=pos, use_cache=True,
                        logits_to_keep=n_t + 1).logits[:, :-1]  # fmt: skip
         ce = F.cross_entropy(logits.float().transpose(1, 2), tgt.expand(c.shape[0], -1), reduction="none")
         out.append(ce.mean(-1))
         exact.append((logits.argmax(-1) == tgt).all(-1))
     return torch.cat(out), torch.cat(exact)
-
-
-# transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns); support both
-def _cache_kw() -> str:
-    import inspect
-
-    from transformers import LlamaForCausalLM
-
-    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
-
-
-_CACHE_KW = _cache_kw()
 
 
 def _cache_of(out):

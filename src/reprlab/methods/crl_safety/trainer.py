@@ -21,6 +21,7 @@ from reprlab.methods.crl_safety import losses as L
 from reprlab.methods.crl_safety.chat import Batch, collate, forward, response_logits
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
+from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
 
@@ -50,7 +51,6 @@ def lora_blocks(spec: str, kind: str, cfg, n_layers: int) -> list[int] | None:
     return list(range(max(top, 1)))
 
 
-@torch.no_grad()
 def state_means(model, harmful: list[Pair], benign: list[Pair], pad_id: int, chunk: int = 8) -> Tensor:
     """Centre for cosine distances: per hidden layer, the mean of the harmful and the benign class means of
     response-token states ``[n_layers + 1, d_model]`` (balanced, so class sizes do not tilt it).
@@ -58,18 +58,10 @@ def state_means(model, harmful: list[Pair], benign: list[Pair], pad_id: int, chu
     Why: SmolLM2's residual stream carries a few high-norm directions shared by every token (about 80 % of
     the norm in the middle layers), so raw cos(h', h) stays near 1 however the adapters move the states.
     """
-    dev = next(model.parameters()).device
-    class_means = []
-    for pairs in (harmful, benign):
-        total, count = None, 0
-        for s in range(0, len(pairs), chunk):
-            b = collate(pairs[s : s + chunk], pad_id).to(dev)
-            out = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=1)
-            sums = torch.stack([h[b.response_mask].float().sum(0) for h in out.hidden_states])
-            total = sums if total is None else total + sums
-            count += int(b.response_mask.sum())
-        class_means.append(total / max(count, 1))
-    return (class_means[0] + class_means[1]) / 2
+    layers = list(range(num_layers(model) + 1))
+    h, _ = response_states(model, harmful, pad_id, layers, chunk)
+    b, _ = response_states(model, benign, pad_id, layers, chunk)
+    return (h.mean(1) + b.mean(1)) / 2
 
 
 @dataclass
