@@ -16,9 +16,12 @@ from typing import Any
 
 import yaml
 
+from reprlab.errors import ConfigError, RecipeError
+from reprlab.results.claims import Claim, parse_claims
+
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
 REQUIRED_KEYS = ("description", "entry", "config")
-KNOWN_KEYS = (*REQUIRED_KEYS, "demo", "demo_order")
+KNOWN_KEYS = (*REQUIRED_KEYS, "demo", "demo_order", "claims")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Recipe:
     config: dict[str, Any]
     demo: tuple[str, ...] = ()
     demo_order: int | None = None
+    raw_claims: tuple[dict[str, Any], ...] | None = None
 
     @property
     def method(self) -> str:
@@ -45,6 +49,11 @@ class Recipe:
                 raise AttributeError(f"recipe {self.name}: entry module {self.entry} defines no {attr!r}")
         return mod
 
+    def claims(self) -> tuple[Claim, ...]:
+        """The claims this recipe tests: its YAML's ``claims:`` list, else the entry module's ``CLAIMS``."""
+        raw = self.raw_claims if self.raw_claims is not None else getattr(self.module(), "CLAIMS", None)
+        return parse_claims(list(raw) if raw is not None else None, str(self.path))
+
     def build_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Any:
         from reprlab.config import load_config
 
@@ -56,17 +65,20 @@ def load_recipe_file(path: Path) -> Recipe:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ValueError(f"recipe file {path} is not valid YAML: {err}") from err
+        raise ConfigError(f"recipe file {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
-        raise ValueError(f"recipe file {path} must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
+        raise ConfigError(f"recipe file {path} must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
     missing = [k for k in REQUIRED_KEYS if k not in data]
     unknown = [k for k in data if k not in KNOWN_KEYS]
     if missing or unknown:
-        raise ValueError(f"recipe file {path}: missing keys {missing}, unknown keys {unknown}; valid: {KNOWN_KEYS}")
-    return Recipe(
+        raise ConfigError(f"recipe file {path}: missing keys {missing}, unknown keys {unknown}; valid: {KNOWN_KEYS}")
+    recipe = Recipe(
         name=path.stem, path=path, description=str(data["description"]).strip(), entry=data["entry"],
         config=data["config"] or {}, demo=tuple(data.get("demo") or ()), demo_order=data.get("demo_order"),
+        raw_claims=tuple(data["claims"]) if data.get("claims") is not None else None,
     )  # fmt: skip
+    parse_claims(list(recipe.raw_claims) if recipe.raw_claims is not None else None, str(path))  # fail at load
+    return recipe
 
 
 def all_recipes(methods_dir: Path = METHODS_DIR) -> dict[str, Recipe]:
@@ -75,20 +87,22 @@ def all_recipes(methods_dir: Path = METHODS_DIR) -> dict[str, Recipe]:
     for path in sorted(methods_dir.glob("*/recipes/*.yaml")):
         recipe = load_recipe_file(path)
         if recipe.name in out:
-            raise ValueError(f"recipe name {recipe.name} is defined twice: {out[recipe.name].path} and {path}")
+            raise ConfigError(f"recipe name {recipe.name} is defined twice: {out[recipe.name].path} and {path}")
         out[recipe.name] = recipe
     return out
 
 
 def get_recipe(name: str) -> Recipe:
     """Find a recipe by name, or by path to a YAML file."""
-    if name.endswith((".yaml", ".yml")) and Path(name).exists():
+    if name.endswith((".yaml", ".yml")):
+        if not Path(name).is_file():
+            raise RecipeError(f"recipe file {name} does not exist")
         return load_recipe_file(Path(name))
     recipes = all_recipes()
     if name not in recipes:
         close = difflib.get_close_matches(name, list(recipes), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"unknown recipe {name!r}.{hint} Available: {', '.join(sorted(recipes))}")
+        raise RecipeError(f"unknown recipe {name!r}.{hint} Available: {', '.join(sorted(recipes))}")
     return recipes[name]
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from reprlab.recipes import get_recipe
+from reprlab.results.claims import record_claims
 
 
 def _default_out(name: str) -> Path:
@@ -48,6 +49,7 @@ def execute(
         summary.setdefault("wall_time_s", round(time.time() - t0, 1))
         if demo:
             summary.setdefault("variant", "demo")
+        summary.update(record_claims(run.dir, recipe.claims(), summary))
         run.write_summary(summary)
         build_report(run.dir)
     return run.dir

@@ -15,11 +15,11 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from reprlab.errors import ConfigError  # re-exported as reprlab.config.ConfigError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """An unknown key, a wrong type or a malformed override in a config."""
 
 
 def _valid_keys_msg(path: str, key: str, valid: list[str]) -> str:

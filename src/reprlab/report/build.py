@@ -81,6 +81,26 @@ def headline_section(run_dir: Path, max_rows: int = 60) -> Section:
     return Section("Headline metrics", text=text, table=rows[:max_rows])
 
 
+def claims_section(run_dir: Path) -> Section | None:
+    """The recipe's declared claims with their verdicts (``claims.json``, written when the run finished)."""
+    path = Path(run_dir) / "claims.json"
+    if not path.exists():
+        return None
+    rows = read_json(path).get("claims", [])
+    if not rows:
+        return None
+    held = sum(r["verdict"] == "holds" for r in rows)
+    na = sum(r["verdict"] == "n/a" for r in rows)
+    text = (f"{held} of {len(rows)} declared claims hold" + (f" ({na} not measured)" if na else "") + ". "
+            "A claim is a check over summary.json keys declared by the recipe; one run is one seed, an anecdote: "
+            "`reprlab run RECIPE --seeds 0,1,2` gives the share of seeds on which each holds.")  # fmt: skip
+    if "holds on seeds" in rows[0]:
+        text = (f"{held} of {len(rows)} declared claims hold on the mean over seeds"
+                + (f" ({na} not measured)" if na else "") + "; 'holds on seeds' is the share of seeds on which "
+                "each holds.")  # fmt: skip
+    return Section("Claims", text=text, table=rows)
+
+
 def recipe_sections(run_dir: Path) -> list[Section]:
     """Sections the recipe's entry module builds from saved artefacts (empty when it defines none)."""
     from reprlab.recipes import get_recipe, recipe_name_of_run
@@ -100,6 +120,9 @@ def recipe_sections(run_dir: Path) -> list[Section]:
 def run_sections(run_dir: Path) -> list[Section]:
     run_dir = Path(run_dir)
     sections = [headline_section(run_dir)]
+    claims = claims_section(run_dir)
+    if claims is not None:
+        sections.insert(0, claims)
     sections += recipe_sections(run_dir)
     has_curves = any(sec.title == "Training curves" for sec in sections)  # the recipe drew its own
     curves = None if has_curves else metric_curves_section(read_metrics(run_dir))
