@@ -37,13 +37,19 @@ def execute(
     recipe = get_recipe(recipe_name)
     all_overrides = [*(recipe.demo if demo else ()), *overrides]
     cfg = recipe.build_config(all_overrides)
+    module = recipe.module()
+    # Checks that need no work (devices, models and files reachable) run before a folder exists, so a bad
+    # input never leaves a half-made run folder behind.
+    preflight = getattr(module, "preflight", None)
+    if preflight is not None:
+        preflight(cfg)
     out = Path(out) if out is not None else _default_out(recipe.name + ("-demo" if demo else ""))
     run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
                      argv=["reprlab", "run", recipe_name, *all_overrides])  # fmt: skip
     seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
     logging.getLogger("reprlab").info("run folder: %s", run.dir)
     t0 = time.time()
-    summary = recipe.module().run(cfg, run)
+    summary = module.run(cfg, run)
     if run.is_main:
         summary = dict(summary or {})
         summary.setdefault("wall_time_s", round(time.time() - t0, 1))
