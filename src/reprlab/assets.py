@@ -12,13 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
+from reprlab.errors import DataError
+
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
     "t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot",
 )  # fmt: skip
 
 
-class AssetMissingError(FileNotFoundError):
+class AssetMissingError(DataError, FileNotFoundError):
     """A packaged offline asset is not installed; the message says how to install it."""
 
 
@@ -53,7 +55,9 @@ def _read_idx(path: Path, offset: int) -> np.ndarray:
         raise ValueError(f"{path} is corrupt or not a gzip IDX file: {err}") from err
 
 
-def fashion_mnist(split: str = "train", root: Path | str = FASHION_MNIST_DIR) -> tuple[np.ndarray, np.ndarray]:
+def fashion_mnist(
+    split: str = "train", root: Path | str = FASHION_MNIST_DIR
+) -> tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST from the Debian package ``dataset-fashion-mnist``.
 
     Args:

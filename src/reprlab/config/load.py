@@ -20,8 +20,6 @@ from reprlab.errors import ConfigError  # re-exported as reprlab.config.ConfigEr
 T = TypeVar("T")
 
 
-
-
 def _valid_keys_msg(path: str, key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -65,7 +63,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path}: expected one of {list(choices)}, got {value!r}")
     if origin in (tuple, list):
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+            value = (
+                yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+            )
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}: expected a list for {_type_name(tp)}, got {value!r}")
         args = get_args(tp)
@@ -125,11 +125,38 @@ def _build(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(_valid_keys_msg(path, key, list(fields)))
-        kwargs[key] = _coerce(value, hints[key], f"{path}.{key}" if path else key)
+        full = f"{path}.{key}" if path else key
+        kwargs[key] = _coerce(value, hints[key], full)
+        _check_range(fields[key], kwargs[key], full)
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field without default that the YAML did not set
         raise ConfigError(f"{path or cls.__name__}: {err}") from err
+
+
+def _check_range(f: dataclasses.Field, value: Any, path: str) -> None:
+    """Ranges and choices from field metadata (``ge``, ``gt``, ``le``, ``lt``, ``choices``).
+
+    Every ``batch_size`` field must be at least 1 without saying so: a batch of 0 only fails deep inside a
+    data loader, after the run folder exists.
+    """
+    meta = dict(f.metadata)
+    if (f.name == "batch_size" or f.name.endswith("_batch_size")) and "ge" not in meta and "gt" not in meta:
+        meta["ge"] = 1
+    if value is None or isinstance(value, bool):
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{path}: expected one of {list(meta['choices'])}, got {value!r}")
+    if not isinstance(value, int | float):
+        return
+    for op, ok, words in (
+        ("ge", value >= meta.get("ge", value), ">="),
+        ("gt", "gt" not in meta or value > meta["gt"], ">"),
+        ("le", value <= meta.get("le", value), "<="),
+        ("lt", "lt" not in meta or value < meta["lt"], "<"),
+    ):
+        if op in meta and not ok:
+            raise ConfigError(f"{path}: must be {words} {meta[op]}, got {value!r}")
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

@@ -53,6 +53,38 @@ def _resolve(model_id: str) -> tuple[str, dict]:
     return str(configs[0].parent), {}
 
 
+def check_model_available(model_id: str) -> None:
+    """Fail fast, before any work, when ``model_id`` cannot be loaded here.
+
+    A packaged alias must have its package installed; a local folder must exist; a hub id must be in the
+    local Hugging Face cache when the hub is off (``HF_HUB_OFFLINE=1``), and is otherwise left to download.
+
+    Raises:
+        ModelNotAvailableError: with a hint naming the packaged aliases.
+    """
+    import os
+
+    from reprlab.errors import ModelNotAvailableError
+
+    aliases = ", ".join(sorted(PACKAGED_MODELS))
+    hint = f"packaged offline models: {aliases}; or pass a local folder"
+    try:
+        path, _ = _resolve(model_id)
+    except (FileNotFoundError, ModuleNotFoundError, ImportError) as err:
+        raise ModelNotAvailableError(f"model {model_id!r} is not available: {err}", hint=hint) from None
+    if Path(path).is_dir() or model_id.lower() in PACKAGED_MODELS:
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in (
+        "", "0"):  # fmt: skip
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+            raise ModelNotAvailableError(
+                f"model {model_id!r} is not a local folder and not in the Hugging Face cache, and the hub is "
+                "off (HF_HUB_OFFLINE=1)", hint=hint,
+            )  # fmt: skip
+
+
 def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Load a causal LM and its tokenizer.
 

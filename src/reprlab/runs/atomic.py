@@ -9,11 +9,27 @@ from pathlib import Path
 from typing import Any
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # there is no read-only call: set, read, restore
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """Mode a plain ``open()`` would give a new file: ``mkstemp`` makes 0600 whatever the user's umask."""
+    return 0o666 & ~_current_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~_current_umask()
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from reprlab.runs.atomic import atomic_write_json, read_json
+from reprlab.runs.atomic import atomic_write_json, dir_mode, file_mode, read_json
 
 
 def rng_state() -> dict[str, Any]:
@@ -56,13 +57,20 @@ def save_checkpoint_dir(
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp_step_"))
+    os.chmod(tmp, dir_mode())
     try:
         for name, module in modules.items():
             save_file(_state_for_safetensors(module), str(tmp / f"{name}.safetensors"))
         for name, opt in (optimizers or {}).items():
             torch.save(opt.state_dict(), tmp / f"optim_{name}.pt")
         torch.save(rng_state(), tmp / "rng.pt")
-        atomic_write_json(tmp / "meta.json", {"step": step, "extra": extra or {}, **(meta or {})})
+        for f in tmp.iterdir():
+            os.chmod(f, file_mode())
+        # the manifest lets a resume tell a torn or bit-rotted checkpoint from an intact one
+        files = {f.name: {"size": f.stat().st_size, "crc32": _crc32(f)} for f in sorted(tmp.iterdir())}
+        atomic_write_json(
+            tmp / "meta.json", {"step": step, "extra": extra or {}, "files": files, **(meta or {})}
+        )
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -77,11 +85,41 @@ def save_checkpoint_dir(
     return final
 
 
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """``None`` if the checkpoint is intact, else why not (missing file, wrong size or checksum, bad meta).
+
+    Checkpoints written before the manifest existed are only checked for a readable ``meta.json``.
+    """
+    try:
+        meta = read_json(folder / "meta.json")
+    except (FileNotFoundError, ValueError, UnicodeDecodeError) as err:
+        return f"meta.json unreadable ({err})"
+    for name, info in (meta.get("files") or {}).items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != info["size"]:
+            return f"{name} has {path.stat().st_size} bytes, expected {info['size']}"
+        if _crc32(path) != info["crc32"]:
+            return f"{name} fails its checksum"
+    return None
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoint folders under a tag folder, oldest first."""
     if not root.exists():
         return []
-    dirs = [d for d in root.iterdir() if d.is_dir() and d.name.startswith("step_") and (d / "meta.json").exists()]
+    dirs = [
+        d for d in root.iterdir() if d.is_dir() and d.name.startswith("step_") and (d / "meta.json").exists()
+    ]
     return sorted(dirs, key=lambda d: int(d.name.split("_")[1]))
 
 

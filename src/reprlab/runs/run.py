@@ -22,9 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -34,35 +31,43 @@ import torch
 import yaml
 
 from reprlab.config import config_to_dict
-from reprlab.runs.atomic import atomic_write_json, atomic_write_text, dumps_json, read_json
-from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir, save_checkpoint_dir
+from reprlab.errors import RunFolderError
+from reprlab.runs.atomic import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    dir_mode,
+    dumps_json,
+    read_json,
+)
+from reprlab.runs.checkpoint import (
+    list_checkpoints,
+    load_checkpoint_dir,
+    save_checkpoint_dir,
+    verify_checkpoint,
+)
+from reprlab.runs.environment import environment_record, resolve_device
+from reprlab.runs.folder import FolderState, Replacement, check_out_folder, leftovers_of_overwrite
+from reprlab.runs.lock import RunLock
 
 T = TypeVar("T")
 
 
-class RunExistsError(FileExistsError):
-    """The run folder already holds a run and neither resume nor overwrite was asked for."""
+RunExistsError = RunFolderError  # the name older code catches
 
 
-def _git_sha() -> str | None:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("reprlab", "torch", "transformers", "peft", "numpy", "scikit-learn", "pot"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
+def config_differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts, as ``key: a -> b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                out.append(f"{sub}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+            else:
+                out.extend(config_differences(a[key], b[key], sub))
+        return out
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
 
 
 class Run:
@@ -82,6 +87,9 @@ class Run:
         self.is_main = self.rank == 0
         self.logger = logging.getLogger(f"reprlab.{recipe}")
         self._metrics_path = self.dir / "metrics.jsonl"
+        self._lock: RunLock | None = None
+        self._replacement: Replacement | None = None
+        self._trackers: Any = None
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -101,39 +109,74 @@ class Run:
             RunExistsError: the folder already holds a run and neither ``resume`` nor ``overwrite`` is set.
         """
         run_dir = Path(run_dir)
-        existing = (run_dir / "config.yaml").exists()
-        if existing and not (resume or overwrite):
-            raise RunExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose --out")
-        if overwrite and existing and not resume:
-            import shutil
-
-            for child in ("metrics.jsonl", "summary.json", "checkpoints", "stages", "artifacts"):
-                p = run_dir / child
-                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        device_name = getattr(cfg, "device", "auto")
-        if device_name in (None, "auto"):
-            device_name = "cuda" if torch.cuda.is_available() else "cpu"
-        run = cls(run_dir, cfg, recipe, resume=resume and existing, quiet=quiet, device=torch.device(device_name))
-        if run.is_main:
-            run.dir.mkdir(parents=True, exist_ok=True)
+        rank = int(os.environ.get("RANK", "0"))
+        device = resolve_device(getattr(cfg, "device", "auto"))
+        if rank != 0:  # rank 0 owns the folder; the others only need to know where it is
+            return cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+        state = check_out_folder(run_dir, resume=resume, overwrite=overwrite)
+        for old in leftovers_of_overwrite(run_dir):
+            logging.getLogger("reprlab").warning(
+                "%s holds the results an interrupted --overwrite of %s set aside; delete it when not needed",
+                old, run_dir,
+            )  # fmt: skip
+        replacement = Replacement.move_aside(run_dir) if overwrite and state is FolderState.RUN else None
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(run_dir, dir_mode()) if state is FolderState.MISSING else None
+            lock = RunLock.acquire(run_dir)
+        except BaseException:
+            if replacement is not None:
+                replacement.rollback()
+            raise
+        run = cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+        run._lock, run._replacement = lock, replacement
+        try:
             resolved = config_to_dict(cfg)
+            previous_env = None
             if run.resume:
-                saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+                try:
+                    saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+                except (yaml.YAMLError, UnicodeDecodeError) as err:
+                    raise RunFolderError(f"--resume: {run_dir}/config.yaml is corrupt: {err}") from err
                 if saved != resolved:
-                    raise ValueError(
-                        f"{run_dir}/config.yaml differs from the config given for --resume; "
-                        "resume with the same recipe and overrides"
+                    diff = ", ".join(config_differences(saved or {}, resolved)[:5])
+                    raise RunFolderError(
+                        f"--resume: the config given differs from {run_dir}/config.yaml ({diff})",
+                        hint="resume with the same recipe and overrides (see the first lines of config.yaml)",
                     )
+                run._drop_corrupt_checkpoints()
                 run._truncate_metrics_to_last_durable_event()
-            atomic_write_text(run.dir / "config.yaml", f"# recipe: {recipe}\n" + yaml.safe_dump(resolved, sort_keys=False))
-            atomic_write_json(run.dir / "env.json", {
-                "recipe": recipe, "seed": getattr(cfg, "seed", None), "device": str(run.device),
-                "git_commit": _git_sha(), "versions": _versions(), "platform": platform.platform(),
-                "command": argv if argv is not None else sys.argv, "resumed": run.resume,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
-            })  # fmt: skip
+                if (run_dir / "env.json").exists():
+                    try:
+                        previous_env = read_json(run_dir / "env.json")
+                    except ValueError:
+                        previous_env = None
+            atomic_write_text(
+                run.dir / "config.yaml", f"# recipe: {recipe}\n" + yaml.safe_dump(resolved, sort_keys=False)
+            )
+            env = environment_record(cfg, recipe, device, argv)
+            env["resumed"] = run.resume
+            if previous_env is not None:  # keep where and how the run started; list every resume after it
+                env["first_start"] = previous_env.get("first_start", previous_env)
+                env["first_start"].pop("first_start", None)
+            atomic_write_json(run.dir / "env.json", env)
+        except BaseException:
+            run.close(success=False)
+            raise
         return run
+
+    def close(self, success: bool) -> None:
+        """Release the folder: drop the lock; after an ``--overwrite``, delete or restore the old results."""
+        for tracker in (self._trackers,):
+            if tracker is not None:
+                tracker.close()
+        self._trackers = None
+        if self._replacement is not None:
+            self._replacement.commit() if success else self._replacement.rollback()
+            self._replacement = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ------------------------------------------------------------------ metrics and artefacts
     def _metric_lines(self) -> int:
@@ -143,6 +186,11 @@ class Run:
             return sum(1 for _ in fh)
 
     def _truncate_metrics_to_last_durable_event(self) -> None:
+        """Cut ``metrics.jsonl`` back to the last checkpoint or finished stage.
+
+        What follows that point (lines of steps that will be re-run, a torn last line, bytes that are not
+        UTF-8 or not JSON) is dropped; a bad line *before* it is real damage and raises, naming the line.
+        """
         marks = [0]
         for tag_dir in (self.dir / "checkpoints").glob("*"):
             for ckpt in list_checkpoints(tag_dir):
@@ -150,11 +198,49 @@ class Run:
         for stage in (self.dir / "stages").glob("*.json"):
             marks.append(read_json(stage).get("metric_lines", 0))
         keep = max(marks)
-        if self._metrics_path.exists():
-            lines = self._metrics_path.read_text(encoding="utf-8").splitlines(keepends=True)
-            atomic_write_text(self._metrics_path, "".join(lines[:keep]))
-            if len(lines) > keep:
-                self.logger.info("resume: dropped %d metric lines logged after the last checkpoint", len(lines) - keep)
+        if not self._metrics_path.exists():
+            return
+        lines = self._metrics_path.read_bytes().splitlines(keepends=True)
+        for i, raw in enumerate(lines[:keep], 1):
+            try:
+                json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise RunFolderError(
+                    f"--resume: {self._metrics_path}:{i} is corrupt ({err}) before the last checkpoint",
+                    hint="the metrics of finished steps are damaged; start the run again with --overwrite",
+                ) from None
+        if len(lines) > keep or (lines[:keep] and not lines[keep - 1].endswith(b"\n")):
+            kept = b"".join(lines[:keep])
+            atomic_write_bytes(self._metrics_path, kept if kept.endswith(b"\n") or not kept else kept + b"\n")
+            self.logger.info(
+                "resume: dropped %d metric lines logged after the last checkpoint", len(lines) - keep
+            )
+
+    def _drop_corrupt_checkpoints(self) -> None:
+        """Set aside each tag's newest checkpoints until an intact one is on top, saying so.
+
+        Stage results saved after a dropped checkpoint may depend on its weights, so they are redone too.
+        """
+        for tag_dir in sorted((self.dir / "checkpoints").glob("*")):
+            ckpts = list_checkpoints(tag_dir)
+            while ckpts:
+                why = verify_checkpoint(ckpts[-1])
+                if why is None:
+                    break
+                bad = ckpts.pop()
+                since = bad.stat().st_mtime
+                os.replace(bad, bad.with_name(f".corrupt-{bad.name}"))
+                fallback = ckpts[-1].name if ckpts else "the start of training"
+                self.logger.warning(
+                    "resume: checkpoint %s is corrupt (%s); set aside as .corrupt-%s, falling back to %s",
+                    bad, why, bad.name, fallback,
+                )  # fmt: skip
+                for stage in (self.dir / "stages").glob("*.json"):
+                    if stage.stat().st_mtime >= since:
+                        os.replace(stage, stage.with_name(f".invalidated-{stage.name}"))
+                        self.logger.warning(
+                            "resume: stage %s finished after it; it will run again", stage.stem
+                        )
 
     def log(self, step: int, **metrics: Any) -> None:
         """Append ``{"step": step, **metrics}`` to ``metrics.jsonl`` (main rank only)."""
@@ -164,6 +250,8 @@ class Run:
         with open(self._metrics_path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
             fh.flush()
+        if self._trackers is not None:
+            self._trackers.log(int(step), metrics)
 
     def save_json(self, relpath: str, obj: Any) -> Path:
         """Write a JSON artefact inside the run folder atomically; returns its path."""
@@ -207,11 +295,22 @@ class Run:
     ) -> tuple[int, dict[str, Any]] | None:
         """Restore the latest checkpoint of ``tag``; ``None`` when there is none."""
         ckpts = list_checkpoints(self.dir / "checkpoints" / tag)
-        if not ckpts:
-            return None
-        step, extra = load_checkpoint_dir(ckpts[-1], modules, optimizers, restore_rng=restore_rng)
-        self.logger.info("resumed %s from %s", tag, ckpts[-1])
-        return step, extra
+        while ckpts:
+            latest = ckpts.pop()
+            why = verify_checkpoint(latest)
+            if why is None:
+                try:
+                    step, extra = load_checkpoint_dir(latest, modules, optimizers, restore_rng=restore_rng)
+                except Exception as err:  # torn or foreign files fail in many library-specific ways
+                    why = f"{type(err).__name__}: {err}"
+                else:
+                    self.logger.info("resumed %s from %s", tag, latest)
+                    return step, extra
+            fallback = ckpts[-1].name if ckpts else "the start of training"
+            self.logger.warning("checkpoint %s cannot be loaded (%s); falling back to %s", latest, why, fallback)
+            if self.is_main:
+                os.replace(latest, latest.with_name(f".corrupt-{latest.name}"))
+        return None
 
     def checkpoints(self, tag: str = "train") -> list[Path]:
         """Checkpoint folders of a tag, oldest first."""
@@ -226,7 +325,9 @@ class Run:
             return read_json(path)["result"]
         result = fn()
         if self.is_main:
-            atomic_write_json(path, {"result": result, "metric_lines": self._metric_lines(), "time": time.time()})
+            atomic_write_json(
+                path, {"result": result, "metric_lines": self._metric_lines(), "time": time.time()}
+            )
         # Round-trip through JSON so a fresh and a resumed run see identical types (tuples become lists).
         return json.loads(dumps_json(result, indent=None))
 
