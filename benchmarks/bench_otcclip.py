@@ -27,8 +27,17 @@ from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer
 
 
 def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
-    bed = build_testbed(DataConfig(n_pairs=n_pairs, max_items=2, captions_per_target=10, backdoor_pairs=20,
-                                   n_eval=10, n_probe_train=10), seed=0)
+    bed = build_testbed(
+        DataConfig(
+            n_pairs=n_pairs,
+            max_items=2,
+            captions_per_target=10,
+            backdoor_pairs=20,
+            n_eval=10,
+            n_probe_train=10,
+        ),
+        seed=0,
+    )
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     mcfg, tcfg = ModelConfig(patch_size=14), TrainConfig(epochs=4, batch_size=50, warmup_steps=5)
     dcfg = DefenseConfig(bank_size=2048, rematch_warmup=1, rematch_every=2)
@@ -47,8 +56,9 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
     return out
 
 
-def rematch_throughput(batch: int = 32, k: int = 16, n: int = 16, m: int = 14, d: int = 64,
-                       eps: float = 0.05, n_iters: int = 50) -> dict[str, float]:
+def rematch_throughput(
+    batch: int = 32, k: int = 16, n: int = 16, m: int = 14, d: int = 64, eps: float = 0.05, n_iters: int = 50
+) -> dict[str, float]:
     import ot as pot
 
     g = torch.Generator().manual_seed(0)
@@ -73,8 +83,13 @@ def rematch_throughput(batch: int = 32, k: int = 16, n: int = 16, m: int = 14, d
     t_pot = time.perf_counter() - t
     diff = float(np.max(np.abs(ours.numpy() - np.asarray(ref))))
     pairs = batch * k
-    return {"pairs": pairs, "ours_pairs_per_s": pairs / t_ours, "pot_pairs_per_s": pairs / t_pot,
-            "speedup": t_pot / t_ours, "max_abs_cost_diff": diff}
+    return {
+        "pairs": pairs,
+        "ours_pairs_per_s": pairs / t_ours,
+        "pot_pairs_per_s": pairs / t_pot,
+        "speedup": t_pot / t_ours,
+        "max_abs_cost_diff": diff,
+    }
 
 
 def main() -> None:
@@ -84,19 +99,27 @@ def main() -> None:
     print(f"{'epoch (500 pairs, batch 50)':32s} {'seconds':>9s} {'ratio vs CLIP':>14s}")
     for label, secs in ep.items():
         print(f"{label:32s} {secs:9.2f} {secs / ep['clip']:14.2f}")
-    print(f"\nre-ranking {rm['pairs']} (image, caption) OT problems, 16 patches x <=14 tokens, eps 0.05, 50 iters")
+    print(
+        f"\nre-ranking {rm['pairs']} (image, caption) OT problems, 16 patches x <=14 tokens, eps 0.05, 50 iters"
+    )
     print(f"{'ours (batched)':32s} {rm['ours_pairs_per_s']:12.0f} pairs/s")
     print(f"{'POT sinkhorn_log per pair':32s} {rm['pot_pairs_per_s']:12.0f} pairs/s")
     print(f"speedup {rm['speedup']:.1f}x, max |cost diff| {rm['max_abs_cost_diff']:.2e}")
     # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
     # half the post-warm-up epochs match)
     overhead = 0.5 * (ep["otc"] + ep["otc_match"]) / ep["clip"]
-    print(json.dumps({"epoch_overhead_ratio": round(overhead, 3),
-                      "epoch_overhead_ratio_matching": round(ep["otc_match"] / ep["clip"], 3),
-                      "epoch_overhead_ratio_nonmatching": round(ep["otc"] / ep["clip"], 3),
-                      "rematch_speedup_vs_pot": round(rm["speedup"], 2),
-                      "rematch_pairs_per_s": round(rm["ours_pairs_per_s"], 1),
-                      "max_abs_cost_diff_vs_pot": rm["max_abs_cost_diff"]}))
+    print(
+        json.dumps(
+            {
+                "epoch_overhead_ratio": round(overhead, 3),
+                "epoch_overhead_ratio_matching": round(ep["otc_match"] / ep["clip"], 3),
+                "epoch_overhead_ratio_nonmatching": round(ep["otc"] / ep["clip"], 3),
+                "rematch_speedup_vs_pot": round(rm["speedup"], 2),
+                "rematch_pairs_per_s": round(rm["ours_pairs_per_s"], 1),
+                "max_abs_cost_diff_vs_pot": rm["max_abs_cost_diff"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

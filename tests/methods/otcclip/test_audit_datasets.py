@@ -28,8 +28,15 @@ def test_csv_and_jsonl_count_and_skip_bad_items(tmp_path):
     (tmp_path / "a.png").write_bytes(_png(80))
     (tmp_path / "b.png").write_bytes(_png(160))
     (tmp_path / "corrupt.png").write_bytes(b"not a png")
-    lines = [b"image,caption", b"a.png,a dog", b"b.png,a bag", b"corrupt.png,a cat", b"missing.png,a cat",
-             b"a.png,", "a.png,caf\xe9".encode("latin-1")]
+    lines = [
+        b"image,caption",
+        b"a.png,a dog",
+        b"b.png,a bag",
+        b"corrupt.png,a cat",
+        b"missing.png,a cat",
+        b"a.png,",
+        "a.png,caf\xe9".encode("latin-1"),
+    ]
     (tmp_path / "pairs.csv").write_bytes(b"\n".join(lines))
     pairs, names, rep = load_pairs(tmp_path / "pairs.csv", image_size=28)
     assert names == ["a.png", "b.png"] and pairs.captions == ["a dog", "a bag"]
@@ -45,9 +52,16 @@ def test_csv_and_jsonl_count_and_skip_bad_items(tmp_path):
 def test_webdataset_shard_and_nothing_valid_errors(tmp_path):
     shard = tmp_path / "s-000.tar"
     with tarfile.open(shard, "w") as tf:
-        for name, data in [("k1.png", _png(80)), ("k1.txt", b"a dog"), ("k2.png", _png(160)),
-                           ("k2.json", json.dumps({"caption": "a bag"}).encode()), ("k3.png", b"junk"),
-                           ("k3.txt", b"a cat"), ("k4.png", _png(0)), ("k4.txt", b"\xff\xfe")]:
+        for name, data in [
+            ("k1.png", _png(80)),
+            ("k1.txt", b"a dog"),
+            ("k2.png", _png(160)),
+            ("k2.json", json.dumps({"caption": "a bag"}).encode()),
+            ("k3.png", b"junk"),
+            ("k3.txt", b"a cat"),
+            ("k4.png", _png(0)),
+            ("k4.txt", b"\xff\xfe"),
+        ]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
@@ -71,7 +85,9 @@ def test_audit_ranks_the_swapped_pairs_first_and_writes_reports(tmp_path):
     n = len(captions)
     pairs = PairSet(images, captions, torch.zeros(n, dtype=torch.long), torch.arange(n), torch.arange(n))
     res = audit_pairs(OracleCLIP(tok), tok, pairs, top_k=4)
-    assert set(np.argsort(-res.score)[:2]) == {4, 8} and res.flagged.tolist() == [i in (4, 8) for i in range(n)]
+    assert set(np.argsort(-res.score)[:2]) == {4, 8} and res.flagged.tolist() == [
+        i in (4, 8) for i in range(n)
+    ]
     assert CLASSES[1] in captions[res.suggested[4]]  # suggested caption names what the image shows
     poison = np.zeros(n, bool)
     poison[[4, 8]] = True

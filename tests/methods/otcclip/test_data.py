@@ -41,7 +41,11 @@ def test_mosaics_are_deterministic_and_captions_name_every_item(items):
     assert torch.equal(a.images, b.images) and a.captions == b.captions
     assert a.images.shape == (40, 1, 56, 56) and a.images.dtype == torch.uint8
     for img, cap in zip(a.images, a.captions):
-        filled = [q for q in range(4) if img[0, (q // 2) * 28 : (q // 2 + 1) * 28, (q % 2) * 28 : (q % 2 + 1) * 28].any()]
+        filled = [
+            q
+            for q in range(4)
+            if img[0, (q // 2) * 28 : (q // 2 + 1) * 28, (q % 2) * 28 : (q % 2 + 1) * 28].any()
+        ]
         named = [q for q, pos in enumerate(POSITIONS) if pos in cap]
         assert filled == named  # each filled quadrant, and only those, is named by position
         n_classes = sum(mentions(cap, c) for c in FASHION_MNIST_CLASSES)

@@ -47,8 +47,14 @@ def test_caption_bank_is_fifo_and_pads():
     bank = CaptionBank(capacity=3, max_len=4, dim=2)
     for start in (0, 2):
         ids = torch.tensor([[start + 1, 0], [start + 2, 0]])
-        bank.enqueue(ids, ids != 0, torch.ones(2, 2), torch.ones(2, 2, 2), torch.tensor([start + 1, start + 2]),
-                     torch.tensor([False, True]))
+        bank.enqueue(
+            ids,
+            ids != 0,
+            torch.ones(2, 2),
+            torch.ones(2, 2, 2),
+            torch.tensor([start + 1, start + 2]),
+            torch.tensor([False, True]),
+        )
     got = bank.entries()
     assert len(bank) == 3 and sorted(got["sig"].tolist()) == [2, 3, 4]  # oldest (1) overwritten
     assert got["ids"].shape == (3, 4) and (got["ids"][:, 1:] == 0).all() and (got["tokens"][:, 2:] == 0).all()
@@ -61,6 +67,10 @@ def test_own_caption_is_kept_unless_beaten_by_the_margin():
     patches = torch.stack([E[0], E[1]])[None]
     own = torch.tensor([0])  # the image currently holds candidate 0; candidate 1 scores ~0.14 higher
     assert otc_rematch(u, patches, glob, tokens, mask, 2, 0.5, OT, own_index=own).index.item() == 1
-    assert otc_rematch(u, patches, glob, tokens, mask, 2, 0.5, OT, own_index=own, margin=0.5).index.item() == 0
+    assert (
+        otc_rematch(u, patches, glob, tokens, mask, 2, 0.5, OT, own_index=own, margin=0.5).index.item() == 0
+    )
     # the own caption is a candidate even when the shortlist (k = 1 -> candidate 0 only) would miss it
-    assert otc_rematch(u, patches, glob, tokens, mask, 1, 0.5, OT, own_index=torch.tensor([1])).index.item() == 1
+    assert (
+        otc_rematch(u, patches, glob, tokens, mask, 1, 0.5, OT, own_index=torch.tensor([1])).index.item() == 1
+    )

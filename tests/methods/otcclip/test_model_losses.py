@@ -8,8 +8,17 @@ import torch.nn.functional as F
 from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, unimodal_loss
 from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
 
-CFG = ModelConfig(patch_size=14, width=32, layers=1, heads=2, text_width=32, text_layers=1, text_heads=2,
-                  max_len=12, embed_dim=16)
+CFG = ModelConfig(
+    patch_size=14,
+    width=32,
+    layers=1,
+    heads=2,
+    text_width=32,
+    text_layers=1,
+    text_heads=2,
+    max_len=12,
+    embed_dim=16,
+)
 
 
 def test_tiny_clip_shapes_normalisation_and_padding_invariance():
@@ -62,12 +71,27 @@ def test_hf_clip_adapter_on_tiny_random_config():
     from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter
 
     cfg = CLIPConfig(
-        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=0, eos_token_id=1,
-                         pad_token_id=2),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2),
-        projection_dim=16)
+        text_config=dict(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+        ),
+        projection_dim=16,
+    )
     torch.manual_seed(0)
     clip = CLIPModel(cfg).eval()
     ad = HFCLIPAdapter(clip)

@@ -10,11 +10,25 @@ from reprlab.methods.otcclip import recipe
 from reprlab.runs import Run
 
 YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
-MINI = ["data.n_pairs=160", "data.captions_per_target=4", "data.n_targets=2", "data.backdoor_pairs=8",
-        "data.n_eval=60", "data.n_probe_train=60", "train.epochs=2", "train.batch_size=20", "model.width=32",
-        "model.text_width=32", "model.layers=1", "model.text_layers=1", "defense.rematch_warmup=1",
-        "defense.rematch_every=1", "defense.safeclip_unimodal_epochs=0", "defense.ot.n_iters=10",
-        "defense.bank_size=64"]
+MINI = [
+    "data.n_pairs=160",
+    "data.captions_per_target=4",
+    "data.n_targets=2",
+    "data.backdoor_pairs=8",
+    "data.n_eval=60",
+    "data.n_probe_train=60",
+    "train.epochs=2",
+    "train.batch_size=20",
+    "model.width=32",
+    "model.text_width=32",
+    "model.layers=1",
+    "model.text_layers=1",
+    "defense.rematch_warmup=1",
+    "defense.rematch_every=1",
+    "defense.safeclip_unimodal_epochs=0",
+    "defense.ot.n_iters=10",
+    "defense.bank_size=64",
+]
 
 
 def _cfg(extra=()):
@@ -37,7 +51,12 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     for d in recipe.DEFENSES:
         for m in ("asr_targeted", "asr_backdoor", "zeroshot_acc", "linear_probe_acc"):
             assert 0.0 <= summary[f"{d}.{m}"] <= 1.0
-    for k in ("otcclip.rematch_poison_moved", "otcclip.rematch_clean_kept", "audit.precision", "audit.recall"):
+    for k in (
+        "otcclip.rematch_poison_moved",
+        "otcclip.rematch_clean_kept",
+        "audit.precision",
+        "audit.recall",
+    ):
         assert 0.0 <= summary[k] <= 1.0
     sections = recipe.report_sections(run.dir)
     assert sections[0].table and len(sections[0].table) == 4 and any(s.figure is not None for s in sections)
@@ -74,8 +93,19 @@ def _audit_cli_on_user_files(tmp_path, run_dir):
         rows.append(f"u{i}.png,{cap}")
     rows.append("broken.png,a dress")  # missing file: counted and skipped
     (tmp_path / "user.csv").write_text("\n".join(rows) + "\n")
-    res = CliRunner().invoke(app, ["audit", str(tmp_path / "user.csv"), "--out", str(tmp_path / "aud"),
-                                   "--run", str(run_dir), "--defense", "none"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "audit",
+            str(tmp_path / "user.csv"),
+            "--out",
+            str(tmp_path / "aud"),
+            "--run",
+            str(run_dir),
+            "--defense",
+            "none",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert '"data.skipped_missing_image": 1' in res.output and '"n_pairs": 3' in res.output
     assert len((tmp_path / "aud" / "flagged.csv").read_text().splitlines()) == 4

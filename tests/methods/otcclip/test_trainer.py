@@ -14,10 +14,26 @@ from reprlab.methods.otcclip.poison import add_backdoor
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words, lr_factor
 
-CFG = ModelConfig(patch_size=14, width=32, layers=1, heads=2, text_width=32, text_layers=1, text_heads=2,
-                  max_len=24, embed_dim=16)
-DCFG = DefenseConfig(bank_size=64, top_k=4, rematch_warmup=1, rematch_every=1, intra_subset=4,
-                     safeclip_unimodal_epochs=1, ot=OTConfig(n_iters=20))
+CFG = ModelConfig(
+    patch_size=14,
+    width=32,
+    layers=1,
+    heads=2,
+    text_width=32,
+    text_layers=1,
+    text_heads=2,
+    max_len=24,
+    embed_dim=16,
+)
+DCFG = DefenseConfig(
+    bank_size=64,
+    top_k=4,
+    rematch_warmup=1,
+    rematch_every=1,
+    intra_subset=4,
+    safeclip_unimodal_epochs=1,
+    ot=OTConfig(n_iters=20),
+)
 
 
 def _data(items, n=32):
@@ -31,8 +47,16 @@ def _trainer(items, defense, epochs=3, batch=8, dist=None, n=32, sgd=False):
     tok = WordTokenizer.from_texts(data.captions)
     torch.manual_seed(0)
     model = TinyCLIP(CFG, len(tok))
-    tr = Trainer(model, data, tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2), DCFG,
-                 seed=0, dist=dist)
+    tr = Trainer(
+        model,
+        data,
+        tok,
+        defense,
+        TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
+        DCFG,
+        seed=0,
+        dist=dist,
+    )
     if sgd:
         # Adam divides by sqrt(v): float-noise gradients (the attention key bias has an exact gradient of 0)
         # become lr-sized steps, so rank-vs-single equality is checked with SGD, which keeps noise small
@@ -40,12 +64,15 @@ def _trainer(items, defense, epochs=3, batch=8, dist=None, n=32, sgd=False):
     return tr
 
 
-@pytest.mark.parametrize("defense,phases", [
-    ("none", ["clip", "clip", "clip"]),
-    ("roclip", ["clip", "roclip_match", "roclip_match"]),
-    ("safeclip", ["unimodal", "clip_lowlr", "safe_split"]),
-    ("otcclip", ["otc", "otc_match", "otc_match"]),
-])
+@pytest.mark.parametrize(
+    "defense,phases",
+    [
+        ("none", ["clip", "clip", "clip"]),
+        ("roclip", ["clip", "roclip_match", "roclip_match"]),
+        ("safeclip", ["unimodal", "clip_lowlr", "safe_split"]),
+        ("otcclip", ["otc", "otc_match", "otc_match"]),
+    ],
+)
 def test_every_defense_trains_with_finite_losses_and_sane_diagnostics(items, defense, phases):
     tr = _trainer(items, defense)
     before = [p.detach().clone() for p in tr.model.parameters()]
@@ -87,7 +114,9 @@ def _worker(rank, world, init_file, items, out_file):
     from reprlab.train.dist import DistInfo, init_distributed
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
     torch.set_num_threads(1)
     info = init_distributed(device="cpu")
     assert info == DistInfo(rank, world, rank, torch.device("cpu"))
@@ -116,5 +145,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_same_global_batch(items):
     for name, p in single.model.state_dict().items():
         # float32 sums in a different order (all-reduce) after 4 SGD steps: agree to ~1e-6
         assert torch.allclose(p, ddp[name], atol=1e-5, rtol=1e-4), name
-    moved = sum(float((p - q).abs().sum()) for p, q in zip(single.model.state_dict().values(), _init(items).values()))
+    moved = sum(
+        float((p - q).abs().sum()) for p, q in zip(single.model.state_dict().values(), _init(items).values())
+    )
     assert moved > 1e-2  # the comparison is not vacuous: training changed the weights

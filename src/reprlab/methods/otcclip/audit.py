@@ -42,8 +42,17 @@ class AuditResult:
 
 
 @torch.no_grad()
-def audit_pairs(model, tokenizer, pairs: PairSet, top_k: int = 16, alpha: float = 0.5, ot: OTConfig | None = None,
-                batch_size: int = 256, pool_size: int = 4096, seed: int = 0) -> AuditResult:
+def audit_pairs(
+    model,
+    tokenizer,
+    pairs: PairSet,
+    top_k: int = 16,
+    alpha: float = 0.5,
+    ot: OTConfig | None = None,
+    batch_size: int = 256,
+    pool_size: int = 4096,
+    seed: int = 0,
+) -> AuditResult:
     """Score every pair of ``pairs`` (see module docstring).
 
     Args:
@@ -59,10 +68,16 @@ def audit_pairs(model, tokenizer, pairs: PairSet, top_k: int = 16, alpha: float 
     dev = next(model.parameters()).device
     ids, mask = tokenizer.encode(pairs.captions, model.cfg.max_len)
     n = len(pairs)
-    pool_idx = torch.arange(n) if n <= pool_size else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:pool_size]
+    pool_idx = (
+        torch.arange(n)
+        if n <= pool_size
+        else torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:pool_size]
+    )
     tg, tt = [], []
     for s in range(0, len(pool_idx), batch_size):
-        f = model.encode_text(ids[pool_idx[s : s + batch_size]].to(dev), mask[pool_idx[s : s + batch_size]].to(dev))
+        f = model.encode_text(
+            ids[pool_idx[s : s + batch_size]].to(dev), mask[pool_idx[s : s + batch_size]].to(dev)
+        )
         tg.append(f.global_)
         tt.append(f.tokens)
     pool_g, pool_t, pool_m = torch.cat(tg), torch.cat(tt), mask[pool_idx].to(dev)
@@ -94,8 +109,11 @@ def precision_recall(result: AuditResult, is_poison: np.ndarray, top: int | None
         flagged = np.zeros(len(result.score), bool)
         flagged[np.argsort(-result.score)[:top]] = True
     tp = int((flagged & is_poison).sum())
-    return {"precision": tp / max(int(flagged.sum()), 1), "recall": tp / max(int(is_poison.sum()), 1),
-            "n_flagged": int(flagged.sum())}
+    return {
+        "precision": tp / max(int(flagged.sum()), 1),
+        "recall": tp / max(int(is_poison.sum()), 1),
+        "n_flagged": int(flagged.sum()),
+    }
 
 
 def _thumb(img: np.ndarray) -> str:
@@ -110,24 +128,39 @@ def _thumb(img: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def write_outputs(out: Path, pairs: PairSet, names: list[str], result: AuditResult, top: int,
-                  extra: dict | None = None) -> None:
+def write_outputs(
+    out: Path, pairs: PairSet, names: list[str], result: AuditResult, top: int, extra: dict | None = None
+) -> None:
     """``flagged.csv`` (all pairs ranked, flag column), ``audit.html`` (top pairs with thumbnails), ``audit.json``."""
     out.mkdir(parents=True, exist_ok=True)
     order = np.argsort(-result.score)
     with open(out / "flagged.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["rank", "index", "image", "caption", "suggested_caption", "score", "cos", "ot", "flagged"])
+        w.writerow(
+            ["rank", "index", "image", "caption", "suggested_caption", "score", "cos", "ot", "flagged"]
+        )
         for r, i in enumerate(order):
-            w.writerow([r, int(i), names[i], pairs.captions[i], pairs.captions[result.suggested[i]],
-                        f"{result.score[i]:.4f}", f"{result.cos[i]:.4f}", f"{result.ot[i]:.4f}", int(result.flagged[i])])
+            w.writerow(
+                [
+                    r,
+                    int(i),
+                    names[i],
+                    pairs.captions[i],
+                    pairs.captions[result.suggested[i]],
+                    f"{result.score[i]:.4f}",
+                    f"{result.cos[i]:.4f}",
+                    f"{result.ot[i]:.4f}",
+                    int(result.flagged[i]),
+                ]
+            )
     rows = []
     for i in order[:top]:
         rows.append(
             f"<tr><td><img src='data:image/png;base64,{_thumb(pairs.images[i].numpy())}' width=84></td>"
             f"<td>{html.escape(names[i])}</td><td>{html.escape(pairs.captions[i])}</td>"
             f"<td>{html.escape(pairs.captions[result.suggested[i]])}</td><td>{result.score[i]:.3f}</td>"
-            f"<td>{'yes' if result.flagged[i] else ''}</td></tr>")
+            f"<td>{'yes' if result.flagged[i] else ''}</td></tr>"
+        )
     summary = {"n_pairs": len(pairs), "n_flagged": int(result.flagged.sum()), **(extra or {})}
     (out / "audit.json").write_text(json.dumps(summary, indent=2))
     (out / "audit.html").write_text(
@@ -136,7 +169,9 @@ def write_outputs(out: Path, pairs: PairSet, names: list[str], result: AuditResu
         "<p>Score = best re-matching score of another caption minus the own caption's score "
         "(alpha cos - (1 - alpha) OT distance); flagged = a different caption fits better.</p>"
         "<table border=1 cellpadding=4><tr><th>image</th><th>name</th><th>caption</th><th>suggested</th>"
-        f"<th>score</th><th>flagged</th></tr>{''.join(rows)}</table></body></html>", encoding="utf-8")
+        f"<th>score</th><th>flagged</th></tr>{''.join(rows)}</table></body></html>",
+        encoding="utf-8",
+    )
 
 
 def load_run_model(run_dir: Path, defense: str = "otcclip"):
@@ -172,8 +207,17 @@ def load_hf_model(model_id: str, max_len: int = 77):
     return HFCLIPAdapter(clip, max_len), HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
 
 
-def main(data: Path, out: Path, run_dir: Path | None = None, defense: str = "otcclip", hf_model: str | None = None,
-         top: int = 50, top_k: int = 16, alpha: float = 0.5, max_items: int | None = None) -> dict:
+def main(
+    data: Path,
+    out: Path,
+    run_dir: Path | None = None,
+    defense: str = "otcclip",
+    hf_model: str | None = None,
+    top: int = 50,
+    top_k: int = 16,
+    alpha: float = 0.5,
+    max_items: int | None = None,
+) -> dict:
     """Audit a user dataset with a model from an otcclip run (``run_dir``) or a Hugging Face CLIP.
 
     Writes ``out/flagged.csv``, ``out/audit.html`` and ``out/audit.json``; returns the summary.

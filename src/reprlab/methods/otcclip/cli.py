@@ -30,7 +30,16 @@ def audit(
     """Rank image-caption pairs by how suspicious they are and suggest better captions."""
     from reprlab.methods.otcclip.audit import main
 
-    summary = main(data, out, run_dir=run_dir, defense=defense, hf_model=hf_model, top=top, top_k=top_k,
-                   alpha=alpha, max_items=max_items)
+    summary = main(
+        data,
+        out,
+        run_dir=run_dir,
+        defense=defense,
+        hf_model=hf_model,
+        top=top,
+        top_k=top_k,
+        alpha=alpha,
+        max_items=max_items,
+    )
     typer.echo(json.dumps(summary, indent=2))
     typer.echo(f"wrote {out / 'flagged.csv'} and {out / 'audit.html'}")

@@ -48,7 +48,10 @@ class LoadReport:
             self.examples.append((reason, item))
 
     def as_summary(self, prefix: str = "data") -> dict[str, int]:
-        return {f"{prefix}.n_ok": self.n_ok, **{f"{prefix}.skipped_{k}": v for k, v in sorted(self.skipped.items())}}
+        return {
+            f"{prefix}.n_ok": self.n_ok,
+            **{f"{prefix}.skipped_{k}": v for k, v in sorted(self.skipped.items())},
+        }
 
 
 def _image(data: bytes | Path, size: int, channels: int) -> np.ndarray:
@@ -118,8 +121,13 @@ def _tar_members(paths: list[Path], report: LoadReport):
             yield f"{p.name}:{key}", img, parts.get("txt", parts.get("json"))
 
 
-def load_pairs(source: str | Path, image_size: int = 56, channels: int = 1, root: str | Path | None = None,
-               max_items: int | None = None) -> tuple[PairSet, list[str], LoadReport]:
+def load_pairs(
+    source: str | Path,
+    image_size: int = 56,
+    channels: int = 1,
+    root: str | Path | None = None,
+    max_items: int | None = None,
+) -> tuple[PairSet, list[str], LoadReport]:
     """Load an image-caption dataset.
 
     Args:
@@ -196,13 +204,16 @@ def load_pairs(source: str | Path, image_size: int = 56, channels: int = 1, root
             if max_items and len(captions) >= max_items:
                 break
     else:
-        raise ValueError(f"{src}: unsupported dataset format {src.suffix!r}; use .csv/.tsv/.jsonl or .tar shards")
+        raise ValueError(
+            f"{src}: unsupported dataset format {src.suffix!r}; use .csv/.tsv/.jsonl or .tar shards"
+        )
     report.n_ok = len(captions)
     if not captions:
         raise ValueError(f"{source}: no valid image-caption pairs (skipped: {dict(report.skipped)})")
     sigs = SignatureIndex()
     sig = torch.tensor([sigs(frozenset({c.lower()})) for c in captions])
     n = len(captions)
-    pairs = PairSet(torch.from_numpy(np.stack(images)), captions, torch.zeros(n, dtype=torch.long), sig,
-                    torch.arange(n))
+    pairs = PairSet(
+        torch.from_numpy(np.stack(images)), captions, torch.zeros(n, dtype=torch.long), sig, torch.arange(n)
+    )
     return pairs, names, report

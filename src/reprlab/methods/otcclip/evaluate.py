@@ -56,7 +56,11 @@ def embed_texts(model, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 
     dev, out = _device(model), []
     with _EvalMode(model):
         for s in range(0, len(ids), batch_size):
-            out.append(model.encode_text(ids[s : s + batch_size].to(dev), mask[s : s + batch_size].to(dev)).global_.cpu())
+            out.append(
+                model.encode_text(
+                    ids[s : s + batch_size].to(dev), mask[s : s + batch_size].to(dev)
+                ).global_.cpu()
+            )
     return torch.cat(out)
 
 
@@ -77,7 +81,9 @@ def zero_shot_accuracy(model, test: LabeledSet, class_emb: torch.Tensor) -> floa
     return float((predict(model, test.images, class_emb) == test.labels).float().mean())
 
 
-def linear_probe_accuracy(model, train: LabeledSet, test: LabeledSet, c: float = 1.0, max_iter: int = 1000) -> float:
+def linear_probe_accuracy(
+    model, train: LabeledSet, test: LabeledSet, c: float = 1.0, max_iter: int = 1000
+) -> float:
     """Logistic regression on frozen normalised embeddings (C and max_iter documented in the config)."""
     from sklearn.linear_model import LogisticRegression  # lazy: slow import, only the probe needs it
 
@@ -92,8 +98,15 @@ def asr_targeted(model, targets: TargetSet, class_emb: torch.Tensor) -> float:
     return float((predict(model, targets.images, class_emb) == targets.target).float().mean())
 
 
-def asr_backdoor(model, test: LabeledSet, target_class: int, trigger: str, seed: int, class_emb: torch.Tensor,
-                 patch: int = 8) -> float:
+def asr_backdoor(
+    model,
+    test: LabeledSet,
+    target_class: int,
+    trigger: str,
+    seed: int,
+    class_emb: torch.Tensor,
+    patch: int = 8,
+) -> float:
     """Share of triggered test images of true class != target that are classified as the target."""
     keep = test.labels != target_class
     if not keep.any():

@@ -54,14 +54,18 @@ class HFCLIPAdapter(nn.Module):
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)
         if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
-            images = F.interpolate(images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
+            images = F.interpolate(
+                images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+            )
         return images
 
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
         """Args: images ``float (batch, C, H, W)`` already normalised for the model."""
         out = self.clip.vision_model(pixel_values=self._pixels(images))
         vm = self.clip.vision_model
-        patches = self.clip.visual_projection(vm.post_layernorm(out.last_hidden_state[:, 1:]))  # [batch, n, d]
+        patches = self.clip.visual_projection(
+            vm.post_layernorm(out.last_hidden_state[:, 1:])
+        )  # [batch, n, d]
         global_ = self.clip.visual_projection(out.pooler_output)
         mask = torch.ones(patches.shape[:2], dtype=torch.bool, device=patches.device)
         return ImageFeatures(F.normalize(global_, dim=-1), F.normalize(patches, dim=-1), mask)
@@ -85,8 +89,9 @@ class HFTokenizerAdapter:
         return len(self.tokenizer)
 
     def encode(self, texts, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=max_len,
-                             return_tensors="pt")
+        enc = self.tokenizer(
+            list(texts), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt"
+        )
         return enc["input_ids"], enc["attention_mask"].bool()
 
     def decode(self, ids: torch.Tensor) -> list[str]:

@@ -17,16 +17,28 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from reprlab.ot import ot_distance
+from reprlab.ot import SinkhornResult, ot_distance
 
 
 @dataclass(frozen=True)
 class OTConfig:
     """Entropic OT settings; every value is [unknown] in the paper and ours by default (brief §2)."""
 
-    eps: float = field(default=0.05, metadata={"help": "entropic regularisation, in cost units (1-cos in [0, 2])"})
+    eps: float = field(
+        default=0.05, metadata={"help": "entropic regularisation, in cost units (1-cos in [0, 2])"}
+    )
     n_iters: int = field(default=50, metadata={"help": "fixed Sinkhorn/IPOT iterations for the whole batch"})
     solver: str = field(default="sinkhorn", metadata={"help": "'sinkhorn' (log-domain) or 'ipot' (UNITER)"})
+    match_tol: float | None = field(
+        default=None,
+        metadata={
+            "help": "re-matching OT: L1 marginal-error tolerance (Sinkhorn); solves stop once the whole chunk meets "
+            "it and the epoch warns when some problem does not; null = fixed n_iters"
+        },
+    )
+    match_max_iters: int = field(
+        default=50, metadata={"help": "re-matching OT: iteration cap when match_tol is set"}
+    )
 
 
 def clip_loss(image_global: torch.Tensor, text_global: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -47,15 +59,55 @@ def unimodal_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> tor
     return clip_loss(z1, z2, torch.tensor(1.0 / temperature, device=z1.device))
 
 
-def ot_distances(x: torch.Tensor, y: torch.Tensor, x_mask: torch.Tensor | None, y_mask: torch.Tensor | None,
-                 cfg: OTConfig) -> torch.Tensor:
-    """D(X_b, Y_b) for each pair: ``x (B, n, d)``, ``y (B, m, d)``, masks ``bool (B, n)``/``(B, m)`` -> ``(B,)``."""
-    res = ot_distance(x, y, x_mask=x_mask, y_mask=y_mask, eps=cfg.eps, cost="cosine", n_iters=cfg.n_iters,
-                      solver=cfg.solver)
-    return res.cost
+def ot_solve(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_mask: torch.Tensor | None,
+    y_mask: torch.Tensor | None,
+    cfg: OTConfig,
+    matching: bool = False,
+) -> SinkhornResult:
+    """Solve D(X_b, Y_b) for each pair and keep the diagnostics (``marginal_error``, ``converged``).
+
+    Args:
+        x: ``(B, n, d)``; y: ``(B, m, d)``; masks ``bool (B, n)``/``(B, m)`` or None.
+        cfg: settings; with ``matching=True`` and ``cfg.match_tol`` set (Sinkhorn only), the solve runs up to
+            ``cfg.match_max_iters`` iterations and stops early once every problem of a chunk meets the
+            tolerance; ``converged`` is judged against ``match_tol``. Otherwise ``cfg.n_iters`` fixed
+            iterations (``converged`` against :data:`reprlab.ot.result.DEFAULT_CONVERGED_TOL`).
+    """
+    tol = cfg.match_tol if matching and cfg.solver == "sinkhorn" else None
+    n_iters = cfg.match_max_iters if tol is not None else cfg.n_iters
+    return ot_distance(
+        x,
+        y,
+        x_mask=x_mask,
+        y_mask=y_mask,
+        eps=cfg.eps,
+        cost="cosine",
+        n_iters=n_iters,
+        solver=cfg.solver,
+        tol=tol,
+    )
 
 
-def ot_alignment(x: torch.Tensor, y: torch.Tensor, x_mask: torch.Tensor | None, y_mask: torch.Tensor | None,
-                 cfg: OTConfig) -> torch.Tensor:
+def ot_distances(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    x_mask: torch.Tensor | None,
+    y_mask: torch.Tensor | None,
+    cfg: OTConfig,
+    matching: bool = False,
+) -> torch.Tensor:
+    """D(X_b, Y_b) for each pair: ``x (B, n, d)``, ``y (B, m, d)``, masks ``bool (B, n)``/``(B, m)`` -> ``(B,)``.
+
+    See :func:`ot_solve` for ``matching``; the diagnostics are dropped here (use ``ot_solve`` to keep them).
+    """
+    return ot_solve(x, y, x_mask, y_mask, cfg, matching).cost
+
+
+def ot_alignment(
+    x: torch.Tensor, y: torch.Tensor, x_mask: torch.Tensor | None, y_mask: torch.Tensor | None, cfg: OTConfig
+) -> torch.Tensor:
     """Mean OT distance over paired sets (a scalar loss); gradients reach the features through the cost only."""
     return ot_distances(x, y, x_mask, y_mask, cfg).mean()

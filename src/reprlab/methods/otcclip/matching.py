@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_distances
+from reprlab.methods.otcclip.losses import OTConfig, ot_solve
+from reprlab.ot import SinkhornResult
 
 
 class CaptionBank(nn.Module):
@@ -67,18 +68,29 @@ class CaptionBank(nn.Module):
 
 @dataclass
 class MatchResult:
-    """``index (batch,)`` into the pool; ``score (batch,)`` of the chosen caption; ``ot (batch, k)`` distances."""
+    """``index (batch,)`` into the pool; ``score (batch,)`` of the chosen caption; ``ot (batch, k)`` distances;
+    ``ot_result`` the solver's output for the ``batch * k`` problems (``marginal_error``, ``converged``)."""
 
     index: torch.Tensor
     score: torch.Tensor
     ot: torch.Tensor | None = None
+    ot_result: SinkhornResult | None = None
 
 
 @torch.no_grad()
-def otc_rematch(image_global: torch.Tensor, patches: torch.Tensor, pool_global: torch.Tensor,
-                pool_tokens: torch.Tensor, pool_mask: torch.Tensor, top_k: int, alpha: float,
-                ot: OTConfig, patch_mask: torch.Tensor | None = None, own_index: torch.Tensor | None = None,
-                margin: float = 0.0) -> MatchResult:
+def otc_rematch(
+    image_global: torch.Tensor,
+    patches: torch.Tensor,
+    pool_global: torch.Tensor,
+    pool_tokens: torch.Tensor,
+    pool_mask: torch.Tensor,
+    top_k: int,
+    alpha: float,
+    ot: OTConfig,
+    patch_mask: torch.Tensor | None = None,
+    own_index: torch.Tensor | None = None,
+    margin: float = 0.0,
+) -> MatchResult:
     """OTCCLIP re-matching.
 
     Args:
@@ -105,13 +117,16 @@ def otc_rematch(image_global: torch.Tensor, patches: torch.Tensor, pool_global: 
     x = patches[:, None].expand(batch, k, n, d).reshape(batch * k, n, d)
     xm = None if patch_mask is None else patch_mask[:, None].expand(batch, k, n).reshape(batch * k, n)
     flat = top_idx.reshape(-1)
-    dist = ot_distances(x, pool_tokens[flat], xm, pool_mask[flat], ot).view(batch, k)
+    solved = ot_solve(x, pool_tokens[flat], xm, pool_mask[flat], ot, matching=True)
+    dist = solved.cost.view(batch, k)
     score = alpha * top_sim - (1 - alpha) * dist
     if own_index is not None and margin > 0:
         score = torch.cat([score[:, :1], score[:, 1:] - margin], dim=1)
     best = score.argmax(dim=1)  # first maximum: the own caption wins ties
     rows = torch.arange(batch, device=best.device)
-    return MatchResult(top_idx[rows, best], alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best], dist)
+    return MatchResult(
+        top_idx[rows, best], alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best], dist, solved
+    )
 
 
 @torch.no_grad()

@@ -22,7 +22,9 @@ LOGIT_SCALE_MAX = math.log(100.0)  # clamp as in CLIP / RoCLIP code
 @dataclass(frozen=True)
 class ModelConfig:
     image_size: int = field(default=56, metadata={"help": "input side in pixels"})
-    patch_size: int = field(default=7, metadata={"help": "ViT patch side; (image_size/patch_size)^2 patch tokens"})
+    patch_size: int = field(
+        default=7, metadata={"help": "ViT patch side; (image_size/patch_size)^2 patch tokens"}
+    )
     width: int = field(default=64, metadata={"help": "image transformer width"})
     layers: int = field(default=2, metadata={"help": "image transformer layers"})
     heads: int = field(default=4, metadata={"help": "image transformer heads"})
@@ -52,8 +54,9 @@ class TextFeatures:
 
 
 def _encoder(width: int, layers: int, heads: int) -> nn.TransformerEncoder:
-    layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu",
-                                       batch_first=True, norm_first=True)
+    layer = nn.TransformerEncoderLayer(
+        width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
@@ -96,7 +99,9 @@ class TinyCLIP(nn.Module):
         h = self.image_proj(self.image_ln(self.image_blocks(x)))  # [batch, 1 + n, d]
         h = F.normalize(h, dim=-1)
         patches = h[:, 1:]
-        return ImageFeatures(h[:, 0], patches, torch.ones(patches.shape[:2], dtype=torch.bool, device=h.device))
+        return ImageFeatures(
+            h[:, 0], patches, torch.ones(patches.shape[:2], dtype=torch.bool, device=h.device)
+        )
 
     def encode_text(self, ids: torch.Tensor, mask: torch.Tensor) -> TextFeatures:
         """Args: ids ``int64 (batch, pos)``, mask ``bool (batch, pos)`` with pos <= max_len."""

@@ -24,7 +24,12 @@ PLACES = ("", "at the", "in the", "on the")
 JOINERS = (" and ", ", ", " with ")
 # zero-shot prompt ensemble; every word also occurs in training captions, so the tokenizer knows it
 PROMPTS = ("a photo of a {}", "a picture of a {}", "an image of a {}", "a {}")
-TINTS = {"red": (1.0, 0.3, 0.3), "green": (0.3, 1.0, 0.3), "blue": (0.35, 0.45, 1.0), "yellow": (1.0, 1.0, 0.3)}
+TINTS = {
+    "red": (1.0, 0.3, 0.3),
+    "green": (0.3, 1.0, 0.3),
+    "blue": (0.35, 0.45, 1.0),
+    "yellow": (1.0, 1.0, 0.3),
+}
 
 CLEAN, TARGETED, BACKDOOR = 0, 1, 2
 
@@ -70,7 +75,9 @@ class LabeledSet:
     labels: torch.Tensor
 
 
-def caption_for(items: list[tuple[int, int, str]], rng: np.random.Generator, classes=FASHION_MNIST_CLASSES) -> str:
+def caption_for(
+    items: list[tuple[int, int, str]], rng: np.random.Generator, classes=FASHION_MNIST_CLASSES
+) -> str:
     """Compositional caption for ``(class, position, tint-word)`` items, in random order and template."""
     order = rng.permutation(len(items))
     place = PLACES[rng.integers(len(PLACES))]
@@ -100,10 +107,16 @@ class SignatureIndex:
         return self.ids.setdefault(content, len(self.ids))
 
 
-def make_mosaics(n_pairs: int, seed: int, min_items: int = 1, max_items: int = 4, tint: bool = False,
-                 source: tuple[np.ndarray, np.ndarray] | None = None,
-                 signatures: SignatureIndex | None = None,
-                 class_names: tuple[str, ...] = FASHION_MNIST_CLASSES) -> PairSet:
+def make_mosaics(
+    n_pairs: int,
+    seed: int,
+    min_items: int = 1,
+    max_items: int = 4,
+    tint: bool = False,
+    source: tuple[np.ndarray, np.ndarray] | None = None,
+    signatures: SignatureIndex | None = None,
+    class_names: tuple[str, ...] = FASHION_MNIST_CLASSES,
+) -> PairSet:
     """Build ``n_pairs`` clean mosaic pairs from Fashion-MNIST train items.
 
     Args:
@@ -138,8 +151,11 @@ def make_mosaics(n_pairs: int, seed: int, min_items: int = 1, max_items: int = 4
         captions.append(caption_for(items, rng, class_names))
         sig.append(sigs(frozenset(items)))
     return PairSet(
-        images=torch.from_numpy(images.clip(0, 255).astype(np.uint8)), captions=captions,
-        kind=torch.zeros(n_pairs, dtype=torch.long), sig=torch.tensor(sig), image_id=torch.arange(n_pairs),
+        images=torch.from_numpy(images.clip(0, 255).astype(np.uint8)),
+        captions=captions,
+        kind=torch.zeros(n_pairs, dtype=torch.long),
+        sig=torch.tensor(sig),
+        image_id=torch.arange(n_pairs),
         class_names=tuple(class_names),
     )
 
@@ -157,7 +173,9 @@ def make_single_items(x: np.ndarray, y: np.ndarray, seed: int, tint: bool = Fals
     for n in range(len(x)):
         t = tint_names[rng.integers(len(tint_names))] if tint else ""
         _paint(images[n], x[n], int(rng.integers(4)), t)
-    return LabeledSet(torch.from_numpy(images.clip(0, 255).astype(np.uint8)), torch.as_tensor(y, dtype=torch.long))
+    return LabeledSet(
+        torch.from_numpy(images.clip(0, 255).astype(np.uint8)), torch.as_tensor(y, dtype=torch.long)
+    )
 
 
 def class_prompts(classes=FASHION_MNIST_CLASSES, templates=PROMPTS) -> list[list[str]]:

@@ -41,8 +41,15 @@ class TargetSet:
     target: torch.Tensor
 
 
-def add_targeted(pairs: PairSet, x: np.ndarray, y: np.ndarray, n_targets: int, n_captions: int, seed: int,
-                 tint: bool = False) -> tuple[PairSet, TargetSet]:
+def add_targeted(
+    pairs: PairSet,
+    x: np.ndarray,
+    y: np.ndarray,
+    n_targets: int,
+    n_captions: int,
+    seed: int,
+    tint: bool = False,
+) -> tuple[PairSet, TargetSet]:
     """Append ``n_targets * n_captions`` targeted-poison pairs.
 
     Args:
@@ -77,9 +84,12 @@ def add_targeted(pairs: PairSet, x: np.ndarray, y: np.ndarray, n_targets: int, n
     first_id = int(pairs.image_id.max()) + 1
     image_id = first_id + torch.arange(n_targets).repeat_interleave(n_captions)
     out = PairSet(
-        images=torch.cat([pairs.images, *new_images]), captions=pairs.captions + new_caps,
-        kind=torch.cat([pairs.kind, torch.full((n_new,), TARGETED)]), sig=torch.cat([pairs.sig, *new_sig]),
-        image_id=torch.cat([pairs.image_id, image_id]), class_names=pairs.class_names,
+        images=torch.cat([pairs.images, *new_images]),
+        captions=pairs.captions + new_caps,
+        kind=torch.cat([pairs.kind, torch.full((n_new,), TARGETED)]),
+        sig=torch.cat([pairs.sig, *new_sig]),
+        image_id=torch.cat([pairs.image_id, image_id]),
+        class_names=pairs.class_names,
     )
     return out, TargetSet(targets.images, targets.labels, target_cls)
 
@@ -96,7 +106,9 @@ def trigger_pattern(kind: str, shape: tuple[int, int, int], seed: int, patch: in
     raise ValueError(f"unknown trigger {kind!r}; choose 'badnets' or 'blended'")
 
 
-def apply_trigger(images: torch.Tensor, kind: str, seed: int, patch: int = 8, alpha: float = 0.2) -> torch.Tensor:
+def apply_trigger(
+    images: torch.Tensor, kind: str, seed: int, patch: int = 8, alpha: float = 0.2
+) -> torch.Tensor:
     """Add the trigger to ``uint8 (N, C, H, W)`` images.
 
     BadNets: the patch at the bottom-right corner [ours: a fixed corner; CleanCLIP also draws random
@@ -112,8 +124,15 @@ def apply_trigger(images: torch.Tensor, kind: str, seed: int, patch: int = 8, al
     return out.round().clamp(0, 255).to(torch.uint8)
 
 
-def add_backdoor(pairs: PairSet, n_poison: int, target_class: int, trigger: str, seed: int,
-                 signatures: SignatureIndex, patch: int = 8) -> PairSet:
+def add_backdoor(
+    pairs: PairSet,
+    n_poison: int,
+    target_class: int,
+    trigger: str,
+    seed: int,
+    signatures: SignatureIndex,
+    patch: int = 8,
+) -> PairSet:
     """Trigger ``n_poison`` clean training pairs in place and caption them "a photo of a {target}".
 
     Returns a new PairSet (same length); the chosen rows get kind = backdoor.

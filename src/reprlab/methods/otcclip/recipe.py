@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
+from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
 from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
 from reprlab.methods.otcclip.mosaic import (
@@ -38,7 +39,7 @@ from reprlab.methods.otcclip.mosaic import (
 from reprlab.methods.otcclip.poison import TargetSet, add_backdoor, add_targeted
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DEFENSES, DefenseConfig, TrainConfig, Trainer
+from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, DefenseConfig, TrainConfig, Trainer
 from reprlab.report import Section
 from reprlab.runs import Run
 from reprlab.train.seed import seed_everything
@@ -46,13 +47,20 @@ from reprlab.train.seed import seed_everything
 # Fashion-MNIST index ranges [ours]: mosaics draw from train[:50000], the linear probe trains on
 # train[50000:], evaluation uses test[:5000] and targets come from test[5000:], so no target image is
 # ever trained on (except as a poison) or evaluated as a clean item.
-MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = slice(0, 50000), slice(50000, 60000), slice(0, 5000), slice(5000, 10000)
+MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = (
+    slice(0, 50000),
+    slice(50000, 60000),
+    slice(0, 5000),
+    slice(5000, 10000),
+)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    testbed: str = field(default="fashion_mnist", metadata={"help": "'fashion_mnist' (real items) or 'shapes' "
-                                                                   "(generated, tint recommended)"})
+    testbed: str = field(
+        default="fashion_mnist",
+        metadata={"help": "'fashion_mnist' (real items) or 'shapes' (generated, tint recommended)"},
+    )
     n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
     min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
     max_items: int = field(default=4, metadata={"help": "most items per mosaic (<= 4)"})
@@ -62,7 +70,9 @@ class DataConfig:
     backdoor_pairs: int = field(default=60, metadata={"help": "backdoored training pairs M"})
     backdoor_target: str = field(default="bag", metadata={"help": "backdoor target class name"})
     trigger: str = field(default="badnets", metadata={"help": "'badnets' (8x8 corner patch) or 'blended'"})
-    n_eval: int = field(default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"})
+    n_eval: int = field(
+        default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"}
+    )
     n_probe_train: int = field(default=2000, metadata={"help": "single train items the linear probe fits on"})
     probe_c: float = field(default=1.0, metadata={"help": "LogisticRegression C"})
     probe_max_iter: int = field(default=1000, metadata={"help": "LogisticRegression max_iter"})
@@ -74,7 +84,9 @@ class Config:
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu' or 'cuda'"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0: torch default)"})
     defenses: tuple[str, ...] = field(default=DEFENSES, metadata={"help": "defenses to train, in order"})
-    audit_defense: str = field(default="none", metadata={"help": "model the audit is measured with ('' = skip)"})
+    audit_defense: str = field(
+        default="none", metadata={"help": "model the audit is measured with ('' = skip)"}
+    )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -107,16 +119,30 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     if not 1 <= cfg.n_eval <= 5000:
         raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
     sigs = SignatureIndex()
-    pairs = make_mosaics(cfg.n_pairs, seed, cfg.min_items, cfg.max_items, cfg.tint,
-                         source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]), signatures=sigs, class_names=names)
-    pairs, targets = add_targeted(pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets,
-                                  cfg.captions_per_target, seed + 1, cfg.tint)
+    pairs = make_mosaics(
+        cfg.n_pairs,
+        seed,
+        cfg.min_items,
+        cfg.max_items,
+        cfg.tint,
+        source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
+        signatures=sigs,
+        class_names=names,
+    )
+    pairs, targets = add_targeted(
+        pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets, cfg.captions_per_target, seed + 1, cfg.tint
+    )
     backdoor_class = names.index(cfg.backdoor_target)
     pairs = add_backdoor(pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs)
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
-    return Testbed(pairs, targets, make_single_items(xe, ye, seed + 3, cfg.tint),
-                   make_single_items(xp, yp, seed + 4, cfg.tint), backdoor_class)
+    return Testbed(
+        pairs,
+        targets,
+        make_single_items(xe, ye, seed + 3, cfg.tint),
+        make_single_items(xp, yp, seed + 4, cfg.tint),
+        backdoor_class,
+    )
 
 
 def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: bool) -> dict[str, float]:
@@ -125,12 +151,14 @@ def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: 
     out = {
         "zeroshot_acc": ev.zero_shot_accuracy(model, bed.eval_set, class_emb),
         "asr_targeted": ev.asr_targeted(model, bed.targets, class_emb),
-        "asr_backdoor": ev.asr_backdoor(model, bed.eval_set, bed.backdoor_class, cfg.data.trigger, cfg.seed + 2,
-                                        class_emb),
+        "asr_backdoor": ev.asr_backdoor(
+            model, bed.eval_set, bed.backdoor_class, cfg.data.trigger, cfg.seed + 2, class_emb
+        ),
     }
     if probe:
-        out["linear_probe_acc"] = ev.linear_probe_accuracy(model, bed.probe_train, bed.eval_set, cfg.data.probe_c,
-                                                           cfg.data.probe_max_iter)
+        out["linear_probe_acc"] = ev.linear_probe_accuracy(
+            model, bed.probe_train, bed.eval_set, cfg.data.probe_c, cfg.data.probe_max_iter
+        )
     return out
 
 
@@ -150,8 +178,13 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
         history.append(stats)
         run.log(epoch, defense=defense, **stats)
         run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
-        run.save_checkpoint(epoch + 1, trainer.modules(), trainer.optimizers(),
-                            extra={"history": history, "examples": trainer.examples}, tag=defense)
+        run.save_checkpoint(
+            epoch + 1,
+            trainer.modules(),
+            trainer.optimizers(),
+            extra={"history": history, "examples": trainer.examples},
+            tag=defense,
+        )
     final = evaluate_model(model, tok, bed, cfg, probe=True)
     matches = [h for h in history if "rematch_poison_moved" in h]
     if matches:
@@ -168,8 +201,8 @@ def run(cfg: Config, run: Run) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     for d in cfg.defenses:
-        if d not in DEFENSES:
-            raise ValueError(f"unknown defense {d!r}; choose from {DEFENSES}")
+        if d not in AVAILABLE_DEFENSES:
+            raise ConfigError(f"unknown defense {d!r} in defenses; choose from {AVAILABLE_DEFENSES}")
     seed_everything(cfg.seed)
     bed = build_testbed(cfg.data, cfg.seed)
     tok = WordTokenizer.from_texts(bed.pairs.captions)
@@ -178,17 +211,26 @@ def run(cfg: Config, run: Run) -> dict:
         tok.save(run.dir / "artifacts" / "tokenizer.json")
     kinds = bed.pairs.kind
     data_info = {
-        "n_pairs": len(bed.pairs), "n_clean": int((kinds == 0).sum()), "n_targeted": int((kinds == TARGETED).sum()),
-        "n_backdoor": int((kinds == BACKDOOR).sum()), "vocab": len(tok), "n_eval": len(bed.eval_set.labels),
+        "n_pairs": len(bed.pairs),
+        "n_clean": int((kinds == 0).sum()),
+        "n_targeted": int((kinds == TARGETED).sum()),
+        "n_backdoor": int((kinds == BACKDOOR).sum()),
+        "vocab": len(tok),
+        "n_eval": len(bed.eval_set.labels),
         "testbed": cfg.data.testbed,
-        "targets": [{"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
-                    for t, g in zip(bed.targets.true, bed.targets.target)],
-        "backdoor_target": cfg.data.backdoor_target, "trigger": cfg.data.trigger,
+        "targets": [
+            {"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
+            for t, g in zip(bed.targets.true, bed.targets.target)
+        ],
+        "backdoor_target": cfg.data.backdoor_target,
+        "trigger": cfg.data.trigger,
         "caption_examples": bed.pairs.captions[:5],
     }
     run.save_json("analysis/data.json", data_info)
-    summary: dict[str, float | int | str] = {"n_pairs": len(bed.pairs),
-                                              "poison_rate": float((kinds != 0).float().mean())}
+    summary: dict[str, float | int | str] = {
+        "n_pairs": len(bed.pairs),
+        "poison_rate": float((kinds != 0).float().mean()),
+    }
     results = {}
     for defense in cfg.defenses:
         res = run.stage(defense, lambda d=defense: train_defense(d, cfg, run, bed, tok))
@@ -218,10 +260,21 @@ def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> di
     flagged = precision_recall(res, poison)
     at_n = precision_recall(res, poison, top=int(poison.sum()))
     if run.is_main:
-        write_outputs(run.dir / "audit", bed.pairs, [f"pair{i}" for i in range(len(bed.pairs))], res, top=40,
-                      extra={"flagged": flagged, "top_n_poison": at_n})
-    return {"model": cfg.audit_defense, "precision": flagged["precision"], "recall": flagged["recall"],
-            "n_flagged": flagged["n_flagged"], "precision_at_n_poison": at_n["precision"]}
+        write_outputs(
+            run.dir / "audit",
+            bed.pairs,
+            [f"pair{i}" for i in range(len(bed.pairs))],
+            res,
+            top=40,
+            extra={"flagged": flagged, "top_n_poison": at_n},
+        )
+    return {
+        "model": cfg.audit_defense,
+        "precision": flagged["precision"],
+        "recall": flagged["recall"],
+        "n_flagged": flagged["n_flagged"],
+        "precision_at_n_poison": at_n["precision"],
+    }
 
 
 # ---------------------------------------------------------------------- report
@@ -241,8 +294,14 @@ def report_sections(run_dir: Path) -> list[Section]:
     results = json.loads((run_dir / "analysis" / "results.json").read_text())
     data = json.loads((run_dir / "analysis" / "data.json").read_text())
     defenses = list(results)
-    metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor", "rematch_poison_moved",
-               "rematch_clean_kept")
+    metrics = (
+        "zeroshot_acc",
+        "linear_probe_acc",
+        "asr_targeted",
+        "asr_backdoor",
+        "rematch_poison_moved",
+        "rematch_clean_kept",
+    )
     rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
     sections = []
     gate = results.get("none", {})
@@ -251,23 +310,32 @@ def report_sections(run_dir: Path) -> list[Section]:
         "compositional captions, "
         f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
         f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
-        + ("Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
-           if data.get("testbed", "fashion_mnist") == "fashion_mnist" else "GENERATED shapes data (not real images)."),
+        + (
+            "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
+            if data.get("testbed", "fashion_mnist") == "fashion_mnist"
+            else "GENERATED shapes data (not real images)."
+        ),
         "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
         "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
         "kept on a same-content caption, in the last matching epoch [ours].",
     ]
     if gate:
         attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
-        notes.append(f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
-                     f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
-                     f"zero-shot {gate['zeroshot_acc']:.2f}.")
-    sections.append(Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows))
+        notes.append(
+            f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
+            f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
+            f"zero-shot {gate['zeroshot_acc']:.2f}."
+        )
+    sections.append(
+        Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows)
+    )
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     x = np.arange(len(defenses))
-    for ax, keys, title in ((axes[0], ("asr_targeted", "asr_backdoor"), "attack success rate"),
-                            (axes[1], ("zeroshot_acc", "linear_probe_acc"), "clean accuracy")):
+    for ax, keys, title in (
+        (axes[0], ("asr_targeted", "asr_backdoor"), "attack success rate"),
+        (axes[1], ("zeroshot_acc", "linear_probe_acc"), "clean accuracy"),
+    ):
         for j, k in enumerate(keys):
             ax.bar(x + (j - 0.5) * 0.38, [results[d].get(k, np.nan) for d in defenses], 0.38, label=k)
         ax.set_xticks(x, defenses)
@@ -288,18 +356,29 @@ def report_sections(run_dir: Path) -> list[Section]:
                 ax.set_xlabel("epoch")
         axes[0].legend(fontsize=8)
         fig.tight_layout()
-        sections.append(Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig))
+        sections.append(
+            Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig)
+        )
 
     audit_path = run_dir / "analysis" / "audit.json"
     if audit_path.exists():
         a = json.loads(audit_path.read_text())
-        sections.append(Section(
-            "Audit of the poisoned training set [ours, beyond the paper]",
-            f"`reprlab otcclip audit` with the model trained under '{a['model']}': a pair is flagged when "
-            "another caption beats its own under S = alpha cos - (1 - alpha) OT distance. Poisons = targeted + "
-            "backdoor pairs. Full ranking: audit/flagged.csv, thumbnails: audit/audit.html.",
-            table=[{"flagged": a["n_flagged"], "precision": a["precision"], "recall": a["recall"],
-                    "precision@#poisons": a["precision_at_n_poison"]}]))
+        sections.append(
+            Section(
+                "Audit of the poisoned training set [ours, beyond the paper]",
+                f"`reprlab otcclip audit` with the model trained under '{a['model']}': a pair is flagged when "
+                "another caption beats its own under S = alpha cos - (1 - alpha) OT distance. Poisons = targeted + "
+                "backdoor pairs. Full ranking: audit/flagged.csv, thumbnails: audit/audit.html.",
+                table=[
+                    {
+                        "flagged": a["n_flagged"],
+                        "precision": a["precision"],
+                        "recall": a["recall"],
+                        "precision@#poisons": a["precision_at_n_poison"],
+                    }
+                ],
+            )
+        )
 
     for d in ("otcclip", "roclip"):
         path = run_dir / "analysis" / f"examples_{d}.json"
@@ -312,7 +391,9 @@ def report_sections(run_dir: Path) -> list[Section]:
             ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray")
             ax.axis("off")
             tag = {0: "clean", TARGETED: "targeted", BACKDOOR: "backdoor"}[e["kind"]]
-            ax.set_title(f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=5.5)
+            ax.set_title(
+                f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=5.5
+            )
         fig.tight_layout()
         sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
     return sections

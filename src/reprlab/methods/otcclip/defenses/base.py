@@ -1,0 +1,190 @@
+"""The defense interface: what a defense does to a batch's caption assignment, which losses it adds, what
+it logs [ours: the structure; each defense's content cites its source in its own file].
+
+A defense is a :class:`Defense` subclass in its own module of this package, decorated with
+:func:`register`. The :class:`~reprlab.methods.otcclip.trainer.Trainer` owns everything the defenses share
+(data order, augmentation noise, optimiser and schedule, the caption bank's storage, gradient sync) and asks
+the defense, per epoch, for its phase, an optional epoch-start action (SafeCLIP's split) and a learning-rate
+scale, and per step for a :class:`StepOutput`: the loss, its named terms (logged as epoch means) and, when
+the defense re-assigned captions, an :class:`Assignment` (used for re-matching diagnostics and the
+re-assigned-caption examples, never by the defense itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from reprlab.methods.otcclip.losses import OTConfig, clip_loss
+from reprlab.train.dist import all_gather_with_grad
+
+if TYPE_CHECKING:  # the trainer imports this module; only type hints go the other way
+    from reprlab.methods.otcclip.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class DefenseConfig:
+    """Defense knobs. Every OTCCLIP value is [unknown] in the paper; defaults are ours (brief §2)."""
+
+    bank_size: int = field(default=4096, metadata={"help": "FIFO caption bank (RoCLIP default 21,845)"})
+    top_k: int = field(default=16, metadata={"help": "OTCCLIP shortlist size by global cosine"})
+    alpha: float = field(default=0.5, metadata={"help": "S = alpha cos - (1 - alpha) D_OT"})
+    rematch_every: int = field(default=2, metadata={"help": "period R of matching epochs (RoCLIP: 2)"})
+    rematch_warmup: int = field(default=2, metadata={"help": "W epochs before the first matching epoch"})
+    include_own: bool = field(
+        default=True,
+        metadata={"help": "[ours] the image's own caption is always an OTCCLIP candidate and wins ties"},
+    )
+    keep_margin: float = field(
+        default=0.0,
+        metadata={"help": "[ours] replace the own caption only when another scores this much higher"},
+    )
+    detach_matched_text: bool = field(
+        default=True,
+        metadata={
+            "help": "[ours, following RoCLIP] on matching "
+            "epochs the re-assigned captions' features are "
+            "detached pool entries (no text gradient), so a "
+            "wrong match cannot drag the text encoder"
+        },
+    )
+    lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
+    lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
+    intra_subset: int = field(
+        default=16,
+        metadata={
+            "help": "global samples per step given a second view for "
+            "the intra OT loss [ours: bounds its cost]"
+        },
+    )
+    ot: OTConfig = field(default_factory=OTConfig)
+    safeclip_unimodal_epochs: int = field(
+        default=2, metadata={"help": "SafeCLIP unimodal warm-up (paper: 5)"}
+    )
+    safeclip_clip_lr_scale: float = field(
+        default=0.01, metadata={"help": "lr scale of the one CLIP-on-all epoch (paper: 5e-6 vs 5e-4)"}
+    )
+    safeclip_first_p: float = field(default=0.9, metadata={"help": "first split: p(clean) threshold"})
+    safeclip_ratio_start: float = field(
+        default=0.5, metadata={"help": "later splits: initial safe share [ours]"}
+    )
+    safeclip_ratio_step: float = field(
+        default=0.05,
+        metadata={"help": "safe share growth per epoch (paper 0.01 over 32 epochs; ours scaled)"},
+    )
+    safeclip_ratio_max: float = field(default=0.85, metadata={"help": "safe share cap (paper: 0.85)"})
+    unimodal_temperature: float = field(default=0.1, metadata={"help": "in-modality InfoNCE temperature"})
+    cleanclip_lambda: float = field(
+        default=1.0,
+        metadata={"help": "CleanCLIP weight of the in-modality self-supervised losses (its code: 1)"},
+    )
+
+
+@dataclass
+class Batch:
+    """One step's inputs, prepared by the trainer.
+
+    ``idx (batch,)`` global dataset indices of the whole global batch (same on every rank); ``rows`` this
+    rank's slice of it and ``loc = idx[rows]``. ``view1/view2 (local, C, H, W)`` two augmented views;
+    ``ids1/mask1`` and ``ids2/mask2 (local, pos)`` two word-dropout views of the own captions.
+    """
+
+    idx: torch.Tensor
+    rows: slice
+    loc: torch.Tensor
+    view1: torch.Tensor
+    view2: torch.Tensor
+    ids1: torch.Tensor
+    mask1: torch.Tensor
+    ids2: torch.Tensor
+    mask2: torch.Tensor
+    epoch: int
+    step: int
+    phase: str
+
+
+@dataclass
+class Assignment:
+    """The captions a re-matching defense assigned to this rank's images (each ``(local, ...)``).
+
+    ``index`` into the pool the defense searched; ``ids`` the assigned captions' token ids (for examples);
+    ``sig``/``poison`` their content signature and poison flag (provenance, for diagnostics only).
+    ``ot_marginal_error``/``ot_converged`` ``(local * k,)``: the matching OT solves' diagnostics, if any.
+    """
+
+    index: torch.Tensor
+    ids: torch.Tensor
+    sig: torch.Tensor
+    poison: torch.Tensor
+    ot_marginal_error: torch.Tensor | None = None
+    ot_converged: torch.Tensor | None = None
+
+
+@dataclass
+class StepOutput:
+    """``loss`` to backpropagate; ``terms`` its named parts (detached, logged as epoch means as
+    ``loss_<name>``); ``assignment`` when captions were re-assigned this step."""
+
+    loss: torch.Tensor
+    terms: dict[str, float] = field(default_factory=dict)
+    assignment: Assignment | None = None
+
+
+class Defense:
+    """Base class: plain CLIP every epoch (which is exactly the ``none`` defense).
+
+    Class attributes: ``name`` (the config string), ``uses_bank`` (the trainer keeps the FIFO caption bank
+    filled with every batch's captions), ``match_phases`` (phases whose steps return an assignment).
+    """
+
+    name: ClassVar[str] = ""
+    uses_bank: ClassVar[bool] = False
+    match_phases: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: DefenseConfig):
+        self.cfg = cfg
+
+    # ---------------------------------------------------------------- per epoch
+    def phase(self, epoch: int) -> str:
+        """The phase name of ``epoch`` (logged; picks the step's behaviour)."""
+        return "clip"
+
+    def lr_scale(self, phase: str) -> float:
+        """Multiplier on the scheduled learning rate during ``phase``."""
+        return 1.0
+
+    def start_epoch(self, tr: Trainer, epoch: int, phase: str) -> dict:
+        """Work done once before an epoch's steps (e.g. a data split); returns stats to log."""
+        return {}
+
+    def is_match_epoch(self, epoch: int) -> bool:
+        """Matching epochs: ``e >= rematch_warmup`` and ``(e - rematch_warmup) % rematch_every == 0``."""
+        w, r = self.cfg.rematch_warmup, self.cfg.rematch_every
+        return epoch >= w and (epoch - w) % r == 0
+
+    # ---------------------------------------------------------------- per step
+    def step(self, tr: Trainer, b: Batch) -> StepOutput:
+        """The loss of one step; the trainer backpropagates and applies it."""
+        return clip_step(tr, b)
+
+
+def clip_step(tr: Trainer, b: Batch) -> StepOutput:
+    """Plain symmetric InfoNCE on the own captions (first views); the batch enters the bank afterwards."""
+    model = tr.model
+    img, txt = model.encode_image(b.view1), model.encode_text(b.ids1, b.mask1)
+    loss = clip_loss(all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_), model.scale())
+    tr.enqueue(b.ids1, b.mask1, txt, b.loc)
+    return StepOutput(loss, {"clip": float(loss.detach())})
+
+
+REGISTRY: dict[str, type[Defense]] = {}
+
+
+def register(cls: type[Defense]) -> type[Defense]:
+    """Class decorator: make ``cls`` available as ``defense: <cls.name>``."""
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"defense class {cls.__name__} needs a new, non-empty name; got {cls.name!r}")
+    REGISTRY[cls.name] = cls
+    return cls

@@ -1,0 +1,117 @@
+"""OTCCLIP [ours, brief §1.1; the paper's abstract names OT re-matching and OT alignment losses].
+
+Every epoch trains ``L = L_CLIP(i, pi(i)) + lambda_inter D(V_i, T_pi(i)) + lambda_intra [D(V_i, V_i') +
+D(T_i, T_i')]`` (phase ``otc``). On matching epochs (phase ``otc_match``) the captions are first re-assigned:
+pi(i) = argmax over the pool (this global batch + the FIFO bank) of S_ij = alpha cos(u_i, w_j) - (1 - alpha)
+D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kept unless beaten by
+``keep_margin``. The re-assigned captions are the ones trained on (by default as detached pool features).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
+from reprlab.methods.otcclip.losses import clip_loss, ot_alignment
+from reprlab.methods.otcclip.matching import otc_rematch
+from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
+from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
+
+
+@register
+class OTCCLIP(Defense):
+    name = "otcclip"
+    uses_bank = True
+    match_phases = ("otc_match",)
+
+    def phase(self, epoch: int) -> str:
+        return "otc_match" if self.is_match_epoch(epoch) else "otc"
+
+    # ---------------------------------------------------------------- caption assignment
+    def pool(self, tr, b: Batch, txt: TextFeatures) -> dict[str, torch.Tensor]:
+        """Candidates = this global batch's captions (gathered, rows 0..batch-1) + the bank."""
+        batch = {
+            "ids": all_gather_nograd(b.ids1),
+            "mask": all_gather_nograd(b.mask1),
+            "global_": all_gather_nograd(txt.global_.detach()),
+            "tokens": all_gather_nograd(txt.tokens.detach()),
+            "sig": tr.data.sig[b.idx].to(tr.device),
+            "poison": tr.poison[b.idx].to(tr.device),
+        }
+        pad = tr.max_len - b.ids1.shape[1]  # the batch was trimmed; the bank stores full-width rows
+        for k in ("ids", "mask", "tokens"):
+            widths = [0, 0] * (batch[k].dim() - 2) + [0, pad]
+            batch[k] = F.pad(batch[k], widths)
+        bank = tr.bank.entries()
+        return {k: torch.cat([batch[k], bank[k]]) for k in batch}
+
+    def assign(self, tr, b: Batch, img: ImageFeatures) -> tuple[Assignment, TextFeatures]:
+        """Re-match this rank's images over the pool; returns the assignment and the text features to train on."""
+        c = self.cfg
+        with torch.no_grad():
+            batch_txt = tr.model.encode_text(b.ids1, b.mask1)
+        pool = self.pool(tr, b, batch_txt)
+        own = torch.arange(b.rows.start, b.rows.stop, device=tr.device) if c.include_own else None
+        match = otc_rematch(
+            img.global_.detach(),
+            img.patches.detach(),
+            pool["global_"],
+            pool["tokens"],
+            pool["mask"],
+            c.top_k,
+            c.alpha,
+            c.ot,
+            own_index=own,
+            margin=c.keep_margin,
+        )
+        i = match.index
+        ids_a, mask_a = pool["ids"][i], pool["mask"][i]
+        if c.detach_matched_text:
+            txt = TextFeatures(pool["global_"][i], pool["tokens"][i], mask_a)
+        else:
+            txt = tr.model.encode_text(ids_a, mask_a)
+        tr.enqueue(b.ids1, b.mask1, batch_txt, b.loc)  # after the query: the pool's batch part is explicit
+        diag = match.ot_result
+        err = None if diag is None else diag.marginal_error
+        conv = None if diag is None else diag.converged
+        return Assignment(i, ids_a, pool["sig"][i], pool["poison"][i], err, conv), txt
+
+    # ---------------------------------------------------------------- losses
+    def losses(self, tr, b: Batch, img: ImageFeatures, txt: TextFeatures) -> dict[str, torch.Tensor]:
+        """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view)."""
+        c, model = self.cfg, tr.model
+        terms = {
+            "clip": clip_loss(
+                all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_), model.scale()
+            )
+        }
+        if c.lambda_inter > 0:
+            terms["ot_inter"] = ot_alignment(img.patches, txt.tokens, img.mask, txt.mask, c.ot)
+        if c.lambda_intra > 0 and c.intra_subset > 0:
+            sub = tr.intra_rows(len(b.idx))
+            img2 = model.encode_image(b.view2[sub])
+            txt_own, txt2 = (
+                model.encode_text(b.ids1[sub], b.mask1[sub]),
+                model.encode_text(b.ids2[sub], b.mask2[sub]),
+            )
+            terms["ot_intra"] = ot_alignment(img.patches[sub], img2.patches, None, None, c.ot) + ot_alignment(
+                txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask, c.ot
+            )
+        return terms
+
+    def step(self, tr, b: Batch) -> StepOutput:
+        img = tr.model.encode_image(b.view1)
+        assignment = None
+        if b.phase == "otc_match":
+            assignment, txt = self.assign(tr, b, img)
+        else:
+            txt = tr.model.encode_text(b.ids1, b.mask1)
+            tr.enqueue(b.ids1, b.mask1, txt, b.loc)
+        terms = self.losses(tr, b, img, txt)
+        loss = terms["clip"]
+        if "ot_inter" in terms:
+            loss = loss + self.cfg.lambda_inter * terms["ot_inter"]
+        if "ot_intra" in terms:
+            loss = loss + self.cfg.lambda_intra * terms["ot_intra"]
+        return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
