@@ -65,3 +65,44 @@ def test_cached_prefix_scoring_equals_full_sequence_scoring(tiny, fmt):
         greedy = logits[:, -len(t) - 1 : -1].argmax(-1) == torch.tensor(t)
         assert exact.tolist() == greedy.all(-1).tolist()
 
+
+
+def test_gcg_returns_and_evaluates_the_best_suffix_not_the_last(tiny, fmt):
+    """The returned suffix re-scores (independently, by full-sequence CE) at the best loss of the curve, and the
+    generation is greedy decoding from exactly that suffix. Each step moves to its best candidate even when it is
+    worse than an earlier one, so the last suffix is not the best here (checked, so the test can fail)."""
+    from reprlab.methods.crl_safety.chat import generate
+
+    model, tok, prompts, targets = _setup(tiny, fmt)
+    embed = model.get_input_embeddings()
+    r = gcg_attack(model, tok, fmt, prompts, targets, steps=8, n_suffix=4, top_k=4, search_width=4,
+                   max_new_tokens=4, seed=1, early_stop=False)  # fmt: skip
+    curve = torch.tensor(r.loss_curve)  # [steps, prompts]
+    assert (curve[-1] > curve.min(0).values + 1e-4).any(), "precondition: some prompt ends above its best"
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        ids = tok.encode(r.suffixes[i])  # the text round-trips (re-tokenisation filter)
+        assert ids == r.suffix_ids[i]
+        b, slots = _layout(fmt, [p], [t], 4, tok.pad_token_id)
+        with torch.no_grad():
+            ce = target_losses(model, embed, b, slots, embed(torch.tensor([ids])))
+        # float32: cached and uncached attention sum in different orders
+        torch.testing.assert_close(float(ce[0]), float(curve[:, i].min()), atol=1e-4, rtol=1e-4)
+        assert r.best_loss[i] == float(curve[:, i].min())
+        pre, post = fmt.suffix_split(p)
+        assert r.generations[i] == generate(model, tok, [pre + ids + post], 4)[0]
+
+
+def test_gcg_drops_candidates_that_do_not_retokenise(tiny, fmt):
+    """With every byte allowed, single bytes >= 0x80 decode to U+FFFD, which encodes to other ids: the filter must
+    drop them (as nanoGCG's filter_ids) and the returned suffix must round-trip; without it, it does not."""
+    model, tok, prompts, targets = _setup(tiny, fmt)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    allowed = torch.ones(vocab, dtype=torch.bool)
+    allowed[:3] = False  # pad, bos, eos
+    kw = dict(steps=4, n_suffix=4, top_k=64, search_width=32, max_new_tokens=2, allowed=allowed, early_stop=False)
+    on = gcg_attack(model, tok, fmt, prompts, targets, **kw)
+    assert on.n_filtered > 0
+    assert all(tok.encode(tok.decode(s)) == s for s in on.suffix_ids)
+    off = gcg_attack(model, tok, fmt, prompts, targets, filter_retokenize=False, **kw)
+    assert off.n_filtered == 0
+    assert any(tok.encode(tok.decode(s)) != s for s in off.suffix_ids)  # the filter is what makes it hold

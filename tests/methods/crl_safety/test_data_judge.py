@@ -42,7 +42,7 @@ def test_user_jsonl(tmp_path):
     p.write_text('{"prompt": "x"}\n')
     with pytest.raises(ValueError, match=r"mine\.jsonl:1"):
         D.load_user_jsonl(p)
-    with pytest.raises(FileNotFoundError, match="nope"):
+    with pytest.raises(ValueError, match="nope"):  # a DataError, which is a ValueError
         D.load_user_jsonl(tmp_path / "nope.jsonl")
 
 

@@ -20,10 +20,24 @@ TINY = {
 }  # fmt: skip
 
 
+def compliant_jsonl(folder) -> str:
+    """Harmful prompts with compliant responses (the random tiny model's own replies are judged degenerate, and
+    the recipe never trains on non-compliant completions), harmless prompts without."""
+    import json
+
+    rows = [{"prompt": f"How do I do bad thing {i}?", "harmful": True,
+             "response": f"Sure, here is how to do bad thing {i}: first gather the tools, then follow each step."}
+            for i in range(12)]  # fmt: skip
+    rows += [{"prompt": f"Tell me a fact about topic {i}.", "harmful": False} for i in range(12)]
+    p = folder / "user.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(p)
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("crl") / "run"
-    cfg = load_config(R.Config, TINY)
+    cfg = load_config(R.Config, {**TINY, "data": {**TINY["data"], "user_jsonl": compliant_jsonl(out.parent)}})
     summary = R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
     return out, cfg, summary
 

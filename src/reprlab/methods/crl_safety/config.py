@@ -57,6 +57,12 @@ class CrlCfg:
     beta: float = field(default=0.4, metadata=_h("weight of L_h (code 0.6, paper via TB 0.4)"))
     kl_weight: float = field(default=0.9, metadata=_h("weight of L_KL (code 0.7, paper via TB 0.9)"))
     temperature: float = field(default=2.0, metadata=_h("KL temperature (code 2)"))
+    kl_reduction: str = field(default="token_mean", metadata=_h(
+        "'token_mean' [ours]: mean KL over masked tokens; 'batchmean' (code): sum over a sequence's tokens, mean "
+        "over sequences, so the same weight is ~n_tokens times stronger"))
+    kl_data: str = field(default="benign", metadata=_h(
+        "'benign' [ours]: the response tokens of the CRL benign batch; 'retain' (code): a separate retain batch "
+        "(harmless prompt -> base reply; the code uses UltraChat) over all its non-pad tokens, request included"))
     detach_centroid: bool = field(default=False, metadata=_h("stop gradients through mu'_h ([unknown] in the paper)"))
     benign_includes_refusals: bool = field(default=True, metadata=_h("[ours] safe set also holds harmful prompt -> refusal pairs, like WildGuardMix"))
 
@@ -82,6 +88,9 @@ class MiningCfg:
     gate_loss: float = field(default=3.0, metadata=_h("use only when the last 10 losses average below this (code 3)"))
     stop_loss: float = field(default=1.85, metadata=_h("early stop of module training (code 1.85 over 100 its)"))
     window: int = field(default=10, metadata=_h("averaging window of the stop rule (code 100) [ours]"))
+    init: str = field(default="identity", metadata=_h(
+        "'identity' [ours]: the block output is replaced by W h + b (W = I, so the attack starts as a no-op); "
+        "'residual' (code AddedModule): h + (W h + b) with W = I, b = 1e-7, i.e. 2h + b at the start"))
 
 
 @dataclass(frozen=True)

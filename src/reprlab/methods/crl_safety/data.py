@@ -23,6 +23,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reprlab.errors import ConfigError, DataError
+
 DATA_DIR = Path(__file__).parent / "data"
 DNA_HARMFUL_FILES = ("malicious_uses", "discrimination_exclusion_toxicity_hateful_offensive", "information_hazard")
 
@@ -81,7 +83,7 @@ def harmless_prompts(source: str = "ours") -> list[str]:
         return _read_lines(DATA_DIR / "harmless_ours.txt")
     if source == "ollama_forge":
         return _read_lines(_package_dir("ollama_forge") / "data" / "abliterate_harmless_default.txt")
-    raise ValueError(f"harmless source must be 'ours' or 'ollama_forge', got {source!r}")
+    raise ConfigError(f"data.harmless_source must be 'ours' or 'ollama_forge', got {source!r}")
 
 
 def xstest_prompts() -> list[str]:
@@ -110,22 +112,55 @@ class UserExample:
     response: str | None = None
 
 
+def _user_line(path: Path, lineno: int, line: str) -> UserExample:
+    """One validated line of a user JSONL; every problem is a :class:`DataError` naming ``path:lineno``."""
+    where = f"{path}:{lineno}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})", hint=_JSONL_HINT) from e
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}", hint=_JSONL_HINT)
+    unknown = sorted(set(obj) - {"prompt", "harmful", "response"})
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {unknown}", hint=_JSONL_HINT)
+    for key in ("prompt", "harmful"):
+        if key not in obj:
+            raise DataError(f"{where}: missing key {key!r}", hint=_JSONL_HINT)
+    prompt, harmful, response = obj["prompt"], obj["harmful"], obj.get("response")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DataError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}", hint=_JSONL_HINT)
+    # strict: JSON true/false only; "false", 0 or null must not silently become a label
+    if not isinstance(harmful, bool):
+        raise DataError(f"{where}: 'harmful' must be JSON true or false, got {harmful!r}", hint=_JSONL_HINT)
+    if response is not None and (not isinstance(response, str) or not response.strip()):
+        raise DataError(f"{where}: 'response' must be a non-empty string when given, got {response!r}", hint=_JSONL_HINT)
+    return UserExample(prompt, harmful, response)
+
+
+_JSONL_HINT = 'each line: {"prompt": "<non-empty text>", "harmful": true|false, "response": "<text>" (optional)}'
+
+
 def load_user_jsonl(path: str | Path) -> list[UserExample]:
-    """Read ``{"prompt", "harmful", "response"?}`` lines; errors name the file and line."""
+    """Read ``{"prompt", "harmful", "response"?}`` lines strictly; every error names the file (and line).
+
+    Raises:
+        DataError: a missing, non-UTF-8 or empty file, or a line that is not a JSON object with a non-empty
+            string ``prompt``, a JSON boolean ``harmful`` and an optional non-empty string ``response``.
+    """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"user prompt file {path} does not exist")
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            out.append(UserExample(str(obj["prompt"]), bool(obj["harmful"]), obj.get("response")))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{i + 1}: expected {{'prompt': str, 'harmful': bool}} ({e!r})") from e
+    if not path.is_file():
+        raise DataError(f"user prompt file {path} does not exist (data.user_jsonl)")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})",
+                        hint="save the file as UTF-8") from e  # fmt: skip
+    out = [_user_line(path, i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
     if not out:
-        raise ValueError(f"user prompt file {path} is empty")
+        raise DataError(f"user prompt file {path} is empty")
     return out
 
 
@@ -141,9 +176,9 @@ class PromptSplits:
     user_responses: dict[str, str] = field(default_factory=dict)
 
 
-def _take(pool: list[str], n: int, what: str) -> list[str]:
+def _take(pool: list[str], n: int, what: str, source: str = "") -> list[str]:
     if n > len(pool):
-        raise ValueError(f"asked for {n} {what} prompts but only {len(pool)} remain after splitting")
+        raise DataError(f"{source}asked for {n} {what} prompts but only {len(pool)} remain after splitting")
     return pool[:n]
 
 
@@ -156,15 +191,16 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     A user JSONL replaces the packaged sets: its harmful/harmless prompts are split the same way.
     """
     rng = random.Random(seed)
+    src = f"{user_jsonl}: " if user_jsonl else ""
     if user_jsonl:
         ex = load_user_jsonl(user_jsonl)
         harm = list(dict.fromkeys(e.prompt for e in ex if e.harmful))
         safe = list(dict.fromkeys(e.prompt for e in ex if not e.harmful))
         if not harm or not safe:
-            raise ValueError(f"{user_jsonl}: needs both harmful and harmless prompts ({len(harm)}, {len(safe)})")
+            raise DataError(f"{user_jsonl}: needs both harmful and harmless prompts ({len(harm)}, {len(safe)})")
         rng.shuffle(harm)
         rng.shuffle(safe)
-        h_eval, h_train = harm[:n_harmful_eval], harm[n_harmful_eval:]
+        h_eval, h_train = _take(harm, n_harmful_eval, "harmful eval", src), harm[n_harmful_eval:]
         responses = {e.prompt: e.response for e in ex if e.response}
     else:
         hb = list(dict.fromkeys(harmbench_prompts()))
@@ -179,9 +215,9 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         rng.shuffle(safe)
         responses = {}
     h_train = [p for p in h_train if p not in set(h_eval)]
-    s_eval = _take(safe, n_harmless_eval, "harmless eval")
-    s_train = _take(safe[n_harmless_eval:], n_harmless_train, "harmless train")
+    s_eval = _take(safe, n_harmless_eval, "harmless eval", src)
+    s_train = _take(safe[n_harmless_eval:], n_harmless_train, "harmless train", src)
     xs = xstest_prompts()
     rng.shuffle(xs)
-    return PromptSplits(_take(h_train, n_harmful_train, "harmful train"), h_eval, s_train, s_eval,
+    return PromptSplits(_take(h_train, n_harmful_train, "harmful train", src), h_eval, s_train, s_eval,
                         _take(xs, n_xstest, "XSTest-style"), responses)  # fmt: skip

@@ -40,6 +40,7 @@ class AttackCfg:
     gcg_n_suffix: int = field(default=10, metadata=_h("suffix tokens (GCG: 20)"))
     gcg_top_k: int = field(default=64, metadata=_h("top-k tokens per position (GCG: 256)"))
     gcg_width: int = field(default=16, metadata=_h("candidates per step (GCG: 512)"))
+    gcg_filter_retokenize: bool = field(default=True, metadata=_h("drop candidates that do not re-tokenise to themselves (nanoGCG)"))
 
 
 SURE_TARGET = "Sure, here is how to do that:\n\n"
@@ -58,8 +59,8 @@ class EvalData:
     base_rows: list[torch.Tensor] | None = None  # base logits on harmless_pairs' responses
 
 
-def _judged(judge, prompts, gens) -> dict:
-    labels = judge(prompts, gens)
+def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
+    labels = judge(prompts, gens, harmful=harmful)
     return {"labels": labels, **shares(labels)}
 
 
@@ -85,8 +86,8 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     res["direct"] = {"generations": gens["direct"], **_judged(judge, data.harmful, gens["direct"])}
     res["prefill"] = {"prefixes": [tok.decode(x) for x in prefixes], "generations": gens["prefill"],
                       **_judged(judge, data.harmful, gens["prefill"])}  # fmt: skip
-    res["benign"] = {"generations": gens["benign"], **_judged(judge, data.harmless, gens["benign"])}
-    res["xstest"] = {"generations": gens["xstest"], **_judged(judge, data.xstest, gens["xstest"])}
+    res["benign"] = {"generations": gens["benign"], **_judged(judge, data.harmless, gens["benign"], False)}
+    res["xstest"] = {"generations": gens["xstest"], **_judged(judge, data.xstest, gens["xstest"], False)}
     n_emb = cfg.emb_prompts or len(data.harmful)
     prompts = data.harmful[:n_emb]
     if cfg.target_mode == "base_reply":
@@ -118,8 +119,10 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
         gp = prompts[: cfg.gcg_prompts]
         k = cfg.gcg_target_tokens or cfg.target_tokens
         g = gcg_attack(model, tok, fmt, gp, [t[:k] for t in targets[: cfg.gcg_prompts]], cfg.gcg_steps, cfg.gcg_n_suffix, cfg.gcg_top_k,
-                       cfg.gcg_width, max_new_tokens=cfg.max_new_tokens, allowed=allowed, seed=seed)  # fmt: skip
+                       cfg.gcg_width, max_new_tokens=cfg.max_new_tokens, allowed=allowed, seed=seed,
+                       filter_retokenize=cfg.gcg_filter_retokenize)  # fmt: skip
         res["gcg"] = {"best_loss": g.best_loss, "suffixes": g.suffixes, "generations": g.generations,
+                      "n_filtered": g.n_filtered,
                       **_judged(judge, gp, g.generations)}  # fmt: skip
     res["benign_kl"] = 0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
     if frozen_ctx is not None or frozen_model is not None:

@@ -2,8 +2,11 @@
 
 Each step, per prompt: the gradient of the target CE w.r.t. the one-hot suffix gives the ``top_k`` most
 promising tokens per position; ``search_width`` random single-token swaps are scored exactly and the best
-candidate is kept. All prompts' candidates are scored in shared forward passes. Tokens are restricted to
-ASCII-printable, non-special vocabulary entries [ours]; no re-tokenisation filter [ours: simplification].
+candidate becomes the next suffix (as in Zou et al.). All prompts' candidates are scored in shared forward passes.
+Tokens are restricted to ASCII-printable, non-special vocabulary entries [ours]. As nanoGCG does, candidates whose
+decoded text does not re-tokenise to the same ids are dropped (``filter_retokenize``), so the returned string is
+the suffix that was scored, and the attack returns and evaluates the *best* suffix found over all steps (lowest
+target CE, nanoGCG's ``best_string``), not the last one.
 
 Candidate scoring reuses each prompt's prefix (template + prompt, the tokens before the suffix) as a KV cache,
 so a candidate's forward pass covers only suffix + template tail + target: on SmolLM2 with 30-token prompts
@@ -25,10 +28,23 @@ from reprlab.methods.crl_safety.embedding_attack import _layout, target_losses
 
 @dataclass
 class GCGResult:
+    """Per prompt: the lowest target CE found, its suffix (text and ids) and the generation from it."""
+
     best_loss: list[float]
     loss_curve: list[list[float]]
     suffixes: list[str]
     generations: list[str]
+    suffix_ids: list[list[int]] | None = None
+    n_filtered: int = 0  # candidates dropped because they do not re-tokenise to themselves
+
+
+def retokenizes(tok, cands: torch.Tensor) -> torch.Tensor:
+    """Bool ``[width]``: ``encode(decode(c)) == c`` for each candidate row of ``cands [width, n_suffix]``."""
+    out = []
+    for row in cands.tolist():
+        text = tok.decode(row, skip_special_tokens=False)
+        out.append(list(tok.encode(text, add_special_tokens=False)) == row)
+    return torch.tensor(out, dtype=torch.bool, device=cands.device)
 
 
 def allowed_tokens(tok, vocab_size: int) -> torch.Tensor:
@@ -88,7 +104,13 @@ def _cache_of(out):
 def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[list[int]], steps: int, n_suffix: int = 10,
                top_k: int = 64, search_width: int = 32, init_token: str = " x", max_new_tokens: int = 32,
                allowed: torch.Tensor | None = None, seed: int = 0, chunk: int = 64,
-               early_stop: bool = True) -> GCGResult:  # fmt: skip
+               early_stop: bool = True, filter_retokenize: bool = True) -> GCGResult:  # fmt: skip
+    """Run GCG on each prompt toward its target ids; see the module docstring.
+
+    Args:
+        targets: per prompt, the target token ids of the reply.
+        filter_retokenize: drop candidates that do not survive decode -> encode (nanoGCG's ``filter_ids``).
+    """
     dev = next(model.parameters()).device
     embed = model.get_input_embeddings()
     vocab = embed.weight.shape[0]
@@ -103,6 +125,8 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
     was_training = model.training
     model.eval()
     curve, best = [], torch.full((n,), float("inf"))
+    best_suffix = suffix.clone()  # the lowest-CE suffix so far, per prompt (returned and evaluated)
+    n_filtered = 0
     done = torch.zeros(n, dtype=torch.bool)  # prompts whose suffix already makes greedy decoding emit the target
     for _ in range(steps):
         onehot = F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)  # [batch, n_suffix, d_vocab]
@@ -120,19 +144,24 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
             if done[r]:
                 continue
             pre, post = splits[r]
-            sc, ex = score_candidates(model, pre, cands[r], post, list(targets[r]), chunk)
+            cand = cands[r]
+            if filter_retokenize:
+                keep = retokenizes(tok, cand)
+                n_filtered += int((~keep).sum())
+                if not bool(keep.any()):  # nothing survives: keep this prompt's suffix for the step
+                    continue
+                cand = cand[keep]
+            sc, ex = score_candidates(model, pre, cand, post, list(targets[r]), chunk)
             i = int(sc.argmin())
-            suffix[r], step_best[r], done[r] = cands[r, i], float(sc[i]), bool(ex[i])
-        best = torch.minimum(best, step_best)
+            suffix[r], step_best[r], done[r] = cand[i], float(sc[i]), bool(ex[i])
+            if float(sc[i]) < float(best[r]):
+                best[r], best_suffix[r] = float(sc[i]), cand[i]
         curve.append(step_best.tolist())
         if early_stop and bool(done.all()):  # as nanoGCG: stop once every target is matched exactly
             break
-    texts = [tok.decode(s.tolist(), skip_special_tokens=True) for s in suffix]
-    # generate from discrete ids: pre + suffix + post exactly as optimised (no re-tokenisation)
-    ids = []
-    for p, s in zip(prompts, suffix.tolist()):
-        pre, post = fmt.suffix_split(p)
-        ids.append(pre + s + post)
+    texts = [tok.decode(s.tolist(), skip_special_tokens=True) for s in best_suffix]
+    # generate from discrete ids: pre + best suffix + post exactly as scored
+    ids = [pre + s + post for (pre, post), s in zip(splits, best_suffix.tolist())]
     gens = generate(model, tok, ids, max_new_tokens)
     model.train(was_training)
-    return GCGResult(best.tolist(), curve, texts, gens)
+    return GCGResult(best.tolist(), curve, texts, gens, best_suffix.tolist(), n_filtered)

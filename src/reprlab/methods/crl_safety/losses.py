@@ -93,6 +93,22 @@ def kl_retain(logits_frozen: Tensor, logits_trained: Tensor, temperature: float)
     return temperature**2 * (logp.exp() * (logp - logq)).sum(-1).mean()
 
 
+def kl_retain_batchmean(logits_frozen: Tensor, logits_trained: Tensor, mask: Tensor, temperature: float) -> Tensor:
+    """The code's retain KL: ``T² Σ_tokens KL(softmax(z/T) || softmax(z'/T)) / batch`` (``kl_div`` batchmean).
+
+    A sum over each sequence's masked tokens, then a mean over sequences, so it grows with sequence length;
+    :func:`kl_retain` is the per-token mean [ours].
+
+    Args:
+        logits_frozen, logits_trained: ``[batch, pos, d_vocab]``.
+        mask: ``[batch, pos]`` bool, True on the tokens that count (the code: every non-pad token).
+    """
+    logp = F.log_softmax(logits_frozen.float() / temperature, dim=-1)
+    logq = F.log_softmax(logits_trained.float() / temperature, dim=-1)
+    per_tok = (logp.exp() * (logp - logq)).sum(-1)  # [batch, pos]
+    return temperature**2 * (per_tok * mask.to(per_tok.dtype)).sum() / mask.shape[0]
+
+
 def rr_retain_loss(h_trained: Tensor, h_frozen: Tensor) -> Tensor:
     """Mean L2 distance between trained and frozen states ``[layers, n_tok, d]`` (RR retain)."""
     return (h_trained - h_frozen).norm(dim=-1).mean()

@@ -1,9 +1,9 @@
 """Adversarial hard-negative mining: the learned latent attack of CRL [known: ``code/methods/triplet/attack.py``].
 
-A trainable affine map sits on the output of decoder block ``l``. The brief reads the code as "adds
-W·h + b (W initialised to the identity, b to 1e-7)"; we implement the block output being *replaced* by
-``W h + b``, which with W = I is the identity at initialisation, so the attack starts from the clean model
-[ours: our reading of an ambiguous description]. Only the module trains (the defended model is frozen for
+A trainable affine map sits on the output of decoder block ``l``. The code's ``AddedModule`` returns
+``h + linear(h)`` with ``linear`` initialised to W = I, b = 1e-7, so its attack starts at ``2h + b``
+(``MiningCfg.init='residual'``). Our default ``init='identity'`` *replaces* the block output by ``W h + b``, the
+identity at initialisation, so the attack starts from the clean model [ours]. Only the module trains (the defended model is frozen for
 it): Adam on the cross-entropy of harmful completions, stopping when the mean of the last ``window``
 losses falls below ``stop_loss``. The trainer refreshes it at a random block every ``refresh_every`` steps,
 gives it ``extra_iters`` iterations on other steps, and with probability ``prob`` (when the recent attack
@@ -25,16 +25,19 @@ from reprlab.methods.crl_safety.layers import find_decoder_layers
 
 
 class AffineLatentAttack(nn.Module):
-    """``h -> W h + b`` on the residual output of one decoder block. ``h``: ``[batch, pos, d_model]``."""
+    """``h -> W h + b`` (``residual=False``) or ``h -> h + (W h + b)`` (``residual=True``, the code's) on the
+    output of one decoder block; W starts at I and b at 1e-7. ``h``: ``[batch, pos, d_model]``."""
 
-    def __init__(self, d_model: int, block: int, bias_init: float = 1e-7):
+    def __init__(self, d_model: int, block: int, bias_init: float = 1e-7, residual: bool = False):
         super().__init__()
         self.block = int(block)
+        self.residual = bool(residual)
         self.weight = nn.Parameter(torch.eye(d_model))
         self.bias = nn.Parameter(torch.full((d_model,), bias_init))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.weight.T + self.bias
+        out = h @ self.weight.T + self.bias
+        return h + out if self.residual else out
 
     @contextmanager
     def attach(self, model: nn.Module):
@@ -71,10 +74,15 @@ class LatentAttacker:
     module: AffineLatentAttack | None = None
     losses: list[float] = field(default_factory=list)
     n_refresh: int = 0
+    init: str = "identity"
+
+    def __post_init__(self):
+        if self.init not in ("identity", "residual"):
+            raise ValueError(f"mining.init must be 'identity' or 'residual', got {self.init!r}")
 
     def refresh(self, rng: torch.Generator) -> None:
         block = self.blocks[int(torch.randint(len(self.blocks), (1,), generator=rng))]
-        self.module = AffineLatentAttack(self.d_model, block).to(self.device)
+        self.module = AffineLatentAttack(self.d_model, block, residual=self.init == "residual").to(self.device)
         self._opt = torch.optim.Adam(self.module.parameters(), lr=self.lr)
         self.losses = []
         self.n_refresh += 1

@@ -15,19 +15,23 @@ reference.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from reprlab.errors import ConfigError, DataError
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
 from reprlab.methods.crl_safety.evaluate import AttackCfg, EvalData, evaluate, headline
 from reprlab.methods.crl_safety.gcg import allowed_tokens
-from reprlab.methods.crl_safety.judge import make_judge
+from reprlab.methods.crl_safety.judge import check_judge_cfg, make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_logit_rows
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
@@ -54,6 +58,13 @@ class DataCfg:
     system_prompt: str | None = field(default=None, metadata=_h("None keeps the template default; a string is sent as system message"))
     max_prompt_tokens: int = field(default=48, metadata=_h("[ours] user prompts truncated to this many tokens"))
     response_tokens: int = field(default=24, metadata=_h("tokens of base replies used as training/eval responses"))
+    completion_model: str = field(default="", metadata=_h(
+        "model that writes the harmful completions (training and attack targets) instead of the base, e.g. one "
+        "that does not refuse; '' = the base. A user JSONL's responses win over both"))
+    min_compliant: float = field(default=0.25, metadata=_h(
+        "the run stops unless at least this share (and 2) of the harmful training and eval completions are judged "
+        "compliant; only compliant ones are trained on. The code trains on compliant completions only; there is "
+        "no fallback to refusals"))
 
 
 @dataclass(frozen=True)
@@ -95,10 +106,56 @@ def _base_replies(ref, tok, fmt, prompts: list[str], n: int) -> list[str]:
     return generate(ref, tok, [fmt.prompt_ids(p) for p in prompts], n, batch_size=64) if prompts else []
 
 
-def run(cfg: Config, run) -> dict:
+def _completion_replies(cfg: Config, device, prompts: list[str]) -> list[str]:
+    """Harmful completions from ``data.completion_model`` (loaded, used, freed)."""
+    from reprlab.methods.crl_safety.chat import ChatFormat as _Fmt
+
+    other, otok = load_model(dataclasses.replace(cfg, model=cfg.data.completion_model, seed=cfg.seed + 1), device)
+    out = _base_replies(other, otok, _Fmt(otok, cfg.data.system_prompt, cfg.data.max_prompt_tokens), prompts,
+                        cfg.data.response_tokens)  # fmt: skip
+    del other
+    return out
+
+
+def check_compliant(labels: list[str], what: str, min_share: float, source: str) -> None:
+    """Stop the run when too few harmful completions comply [code: compliant completions only, no fallback].
+
+    Raises:
+        DataError: fewer than ``max(2, ceil(min_share * n))`` labels are ``comply``.
+    """
+    n, k = len(labels), labels.count("comply")
+    need = max(2, math.ceil(min_share * n))
+    if k < need:
+        raise DataError(
+            f"only {k} of {n} {what} completions from {source} are judged compliant (need {need}): training and "
+            f"attacking on refusals would not test the defence (labels: {dict(Counter(labels))})",
+            hint="give compliant completions in data.user_jsonl ('response'), set data.completion_model to a model "
+            "that does not refuse, or lower data.min_compliant")  # fmt: skip
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no model, run before the run folder is made and before any weights load.
+
+    Raises:
+        ConfigError: an unknown model kind or judge backend.
+        DataError: a user JSONL that is missing, not UTF-8 or malformed (the message names file and line), or
+            split sizes the data cannot supply.
+    """
     for m in cfg.models:
         if m not in MODELS:
-            raise ValueError(f"models must be drawn from {MODELS}, got {m!r}")
+            raise ConfigError(f"models must be drawn from {MODELS}, got {m!r}")
+    check_judge_cfg(cfg.judge.backend, cfg.judge.model_id)
+    _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
+
+
+def _splits(cfg: Config):
+    d = cfg.data
+    return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
+                       d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl)  # fmt: skip
+
+
+def run(cfg: Config, run) -> dict:
+    preflight(cfg)  # again: library callers of run() skip the runner's hook
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -109,14 +166,17 @@ def run(cfg: Config, run) -> dict:
         p.requires_grad_(False)
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     d = cfg.data
-    sp = make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
-                     d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl)  # fmt: skip
+    sp = _splits(cfg)
     judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label)
 
     def gen_stage():
         log("generating base replies (kept in the run folder only)")
         out = {k: _base_replies(ref, tok, fmt, getattr(sp, k), d.response_tokens)
-               for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval")}  # fmt: skip
+               for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval")
+               if not (d.completion_model and k.startswith("harmful"))}  # fmt: skip
+        if d.completion_model:  # one load of the other model for both harmful sets
+            both = _completion_replies(cfg, run.device, sp.harmful_train + sp.harmful_eval)
+            out["harmful_train"], out["harmful_eval"] = both[: len(sp.harmful_train)], both[len(sp.harmful_train) :]
         for k in ("harmful_train", "harmful_eval"):  # a user's own responses win
             out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]
         out["splits"] = {k: getattr(sp, k) for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest")}
@@ -124,11 +184,14 @@ def run(cfg: Config, run) -> dict:
 
     g = run.stage("generate", gen_stage)
     pair = lambda p, r, end: (fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens))  # noqa: E731
-    # harmful completions for RR/CRL/mining: the base's replies judged "comply" [ours: drop its rare refusals]
+    # harmful completions for RR/CRL/mining and attack targets: only those judged "comply"; too few stops the run
+    source = f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
+    source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
     labels = judge(sp.harmful_train, g["harmful_train"])
+    check_compliant(labels, "harmful training", d.min_compliant, source)
+    check_compliant(judge(sp.harmful_eval, g["harmful_eval"]), "held-out harmful", d.min_compliant, source)
     compliant = [pair(p, r, False) for p, r, lab in zip(sp.harmful_train, g["harmful_train"], labels) if lab == "comply"]
-    if len(compliant) < max(2, len(sp.harmful_train) // 4):
-        compliant = [pair(p, r, False) for p, r in zip(sp.harmful_train, g["harmful_train"])]
+    log(f"harmful training completions judged compliant: {len(compliant)} of {len(labels)}")
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
     benign_crl = benign + refusals if cfg.defense.crl.benign_includes_refusals else benign
@@ -177,7 +240,7 @@ def run(cfg: Config, run) -> dict:
                     with peft.disable_adapter():
                         center = state_means(peft, compliant, benign_crl, pad)
                 info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
-                               center=center).fit()  # fmt: skip
+                               center=center, retain=benign).fit()  # fmt: skip
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
                 model0 = peft.unload()

@@ -81,10 +81,13 @@ class Trainer:
         step_offset: added to local steps in metrics.jsonl/checkpoints so stages never share step numbers.
         center: precomputed :func:`state_means` of the frozen model (shared by defenses on one stage 0);
             computed here when ``cfg.center_states`` and not given.
+        retain: the retain set of CRL's KL when ``crl.kl_data='retain'`` (the code's UltraChat; here harmless
+            prompt -> base reply pairs), sampled with its own RNG.
     """
 
     def __init__(self, kind: str, model, cfg: DefenseCfg | SftCfg, harmful: list[Pair], benign: list[Pair],
-                 pad_id: int, run=None, step_offset: int = 0, seed: int = 0, center: Tensor | None = None):  # fmt: skip
+                 pad_id: int, run=None, step_offset: int = 0, seed: int = 0, center: Tensor | None = None,
+                 retain: list[Pair] | None = None):  # fmt: skip
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not harmful or not benign:
@@ -97,12 +100,23 @@ class Trainer:
         self.rng = random.Random(seed)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=0.0)
+        self.retain, self.retain_rng = None, None
+        if kind in ("crl", "crl_adv"):
+            c = cfg.crl
+            if c.kl_reduction not in ("token_mean", "batchmean"):
+                raise ValueError(f"crl.kl_reduction must be 'token_mean' or 'batchmean', got {c.kl_reduction!r}")
+            if c.kl_data not in ("benign", "retain"):
+                raise ValueError(f"crl.kl_data must be 'benign' or 'retain', got {c.kl_data!r}")
+            if c.kl_data == "retain":
+                if not retain:
+                    raise ValueError(f"{kind}: crl.kl_data='retain' needs a non-empty retain set")
+                self.retain, self.retain_rng = retain, random.Random(seed + 2)
         self.attacker = None
         if kind == "crl_adv":
             m = cfg.mining
             blocks = [b for b in parse_layers(m.blocks, self.n_layers) if b < self.n_layers]
             d_model = model.get_input_embeddings().weight.shape[1]
-            self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device)
+            self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device, init=m.init)
             self._gen = torch.Generator().manual_seed(seed)
             # the attack draws its own batches and coin flips, so CRL and CRL+mining see the same training batches
             self.adv_rng = random.Random(seed + 1)
@@ -237,18 +251,37 @@ class Trainer:
         f_harm, f_ben = self._c(f_harm, lh), self._c(f_ben, lb)
         l_b = L.crl_benign_loss(h_ben, f_ben, mu[pick(lb)], c.d_pos, c.d_neg, c.margin_benign)
         l_h = L.crl_harmful_loss(h_harm[pick(lh)], f_harm, mu[pick(lh)], c.d_harm, c.margin_harmful)
-        lg, _, m = response_logits(ob.logits, bb)
-        kl = L.kl_retain(f_logits, lg[m], c.temperature)
+        if c.kl_data == "retain":
+            kl = self._kl_retain_set()
+        else:
+            lg, _, m = response_logits(ob.logits, bb)
+            kl = L.kl_retain(f_logits, lg[m], c.temperature)
+            if c.kl_reduction == "batchmean":  # token mean -> sum per sequence, mean over sequences
+                kl = kl * m.sum() / m.shape[0]
         loss = c.alpha * l_b + c.beta * l_h + c.kl_weight * kl
         info = {"l_benign": l_b.item(), "l_harmful": l_h.item(), "kl": kl.item(), "adv": int(adv)}
         if self.attacker is not None and self.attacker.losses:
             info["attack_loss"] = self.attacker.losses[-1]
         return loss, info
 
+    def _kl_retain_set(self) -> Tensor:
+        """KL on a fresh retain batch over every non-pad token (request and response), as the code does."""
+        c = self.cfg.crl
+        br = self._batch(self.retain, self._sample(self.retain, self.retain_rng))
+        with torch.no_grad(), self.model.disable_adapter():
+            frozen = forward(self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None).logits
+        trained = forward(self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None).logits
+        mask = br.attention_mask.bool()
+        if c.kl_reduction == "batchmean":
+            return L.kl_retain_batchmean(frozen, trained, mask, c.temperature)
+        return L.kl_retain(frozen[mask], trained[mask], c.temperature)
+
     def _ckpt_parts(self) -> tuple[dict, dict, dict]:
         """Modules, optimizers and JSON extras of a checkpoint; CRL+mining adds the live latent attack."""
         modules, optims = {"lora": AdapterParams(self.model)}, {"opt": self.opt}
         extra = {"rng": self.rng.getstate()}
+        if self.retain_rng is not None:
+            extra["retain_rng"] = self.retain_rng.getstate()
         a = self.attacker
         if a is not None and a.module is not None:
             modules["attack"], optims["attack_opt"] = a.module, a._opt
@@ -269,6 +302,8 @@ class Trainer:
             step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
             start = step - self.offset
             self.rng.setstate(_tuple_state(extra["rng"]))
+            if self.retain_rng is not None and "retain_rng" in extra:
+                self.retain_rng.setstate(_tuple_state(extra["retain_rng"]))
             if self.attacker is not None:
                 a, st = self.attacker, extra["attack"]
                 self.adv_rng.setstate(_tuple_state(extra["adv_rng"]))
