@@ -1,23 +1,32 @@
-"""The one command-line interface: ``reprlab run | recipes | config | report | demo``.
+"""The one command-line interface: ``reprlab run | recipes | config | report | aggregate | demo``.
 
 Examples::
 
     reprlab recipes
     reprlab run rote-fda-tiny --out runs/fda train.steps=500
     reprlab run rote-fda-tiny --out runs/fda --resume        # continue an interrupted run
+    reprlab run rote-fda-tiny --seeds 0,1,2 --out runs/fda3  # one run per seed + mean/CI aggregate
+    reprlab aggregate runs/fda3                               # rebuild the aggregate from run folders
     reprlab report runs/fda                                   # rebuild report.html/.md from saved files
     reprlab demo                                              # every method's short recipe, one report
+
+Input errors (:class:`reprlab.errors.ReprlabError`) print one message and its fix, and exit with status 2;
+``--debug`` or ``REPRLAB_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
+from reprlab.errors import ReprlabError
 from reprlab.recipes import all_recipes, get_recipe
 from reprlab.runner import execute
 
@@ -31,18 +40,56 @@ app = typer.Typer(
 )
 
 
+def _debug() -> bool:
+    return os.environ.get("REPRLAB_DEBUG", "0") not in ("", "0")
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Print a :class:`ReprlabError` as one message (and its hint) and exit 2; a bug keeps its traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ReprlabError as err:
+            if _debug():
+                raise
+            typer.echo(f"error: {err}", err=True)
+            if getattr(err, "hint", None):
+                typer.echo(f"hint: {err.hint}", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            if _debug():
+                raise
+            typer.echo("interrupted; `reprlab run ... --resume` continues from the last checkpoint", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.callback()
+def _global(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show full tracebacks for input errors (or REPRLAB_DEBUG=1)."
+    ),
+) -> None:
+    if debug:
+        os.environ["REPRLAB_DEBUG"] = "1"
+
+
 def _setup_logging(quiet: bool) -> None:
     level = logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     if quiet:
         os.environ["REPRLAB_QUIET"] = "1"
     for noisy in ("httpx", "urllib3", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-
-
 @app.command("recipes")
+@user_errors
 def recipes_cmd() -> None:
     """List every recipe with a one-line description."""
     from rich.console import Console
@@ -55,47 +102,107 @@ def recipes_cmd() -> None:
 
 
 @app.command("run")
+@user_errors
 def run_cmd(
     recipe: str = typer.Argument(..., help="Recipe name (see `reprlab recipes`) or path to a recipe YAML."),
     overrides: list[str] = typer.Argument(None, help="Config overrides as dotted key=value, e.g. train.lr=3e-4."),
-    out: Path = typer.Option(None, "--out", "-o", help="Run folder (default: runs/<recipe>-<time>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out from its checkpoints."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results of an existing run in --out."),
+    out: Path = typer.Option(None, "--out", "-o", help="Run folder (default: runs/<recipe>-<time>); a sweep's folder with --seeds."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (or sweep) in --out from its checkpoints."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out; the old results are deleted only when the new run finishes."),
     demo: bool = typer.Option(False, "--demo", help="Apply the recipe's short demo overrides first."),
+    seeds: str = typer.Option("", "--seeds", help="Run once per seed (0,1,2 or 0-4) into --out/seed-<s>/ and aggregate mean ± 95% CI."),
+    launcher: str = typer.Option("inline", "--launcher", help="With --seeds: inline (one after another), submitit-local or submitit-slurm (one job per seed)."),
+    launcher_opt: list[str] = typer.Option(None, "--launcher-opt", help="submitit parameter key=value, e.g. slurm_partition=gpu, timeout_min=120, gpus_per_node=1."),
+    track: str = typer.Option(None, "--track", help="Also log metrics to tensorboard and/or wandb (comma-separated; default $REPRLAB_TRACK)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars, warnings only (CI)."),
-) -> None:
-    """Run a recipe and write its run folder (config, metrics, checkpoints, summary, report)."""
+) -> None:  # fmt: skip
+    """Run a recipe and write its run folder (config, metrics, checkpoints, summary, claims, report)."""
     _setup_logging(quiet)
-    run_dir = execute(recipe, overrides or [], out, resume=resume, overwrite=overwrite, quiet=quiet, demo=demo)
+    if seeds:
+        from reprlab.sweep import parse_seeds, run_sweep
+
+        opts = dict(_parse_opt(o) for o in launcher_opt or [])
+        sweep_dir = run_sweep(recipe, parse_seeds(seeds), overrides or [], out, resume=resume, overwrite=overwrite,
+                              quiet=quiet, demo=demo, track=track, launcher=launcher, launcher_opts=opts)  # fmt: skip
+        typer.echo(f"done: {sweep_dir}/summary.json (mean ± CI over seeds), report: {sweep_dir}/report.html")
+        return
+    if launcher != "inline" or launcher_opt:
+        from reprlab.errors import ConfigError
+
+        raise ConfigError("--launcher and --launcher-opt only apply to a seed sweep (--seeds)")
+    run_dir = execute(recipe, overrides or [], out, resume=resume, overwrite=overwrite, quiet=quiet, demo=demo,
+                      track=track)  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         typer.echo(f"done: {run_dir}/summary.json, report: {run_dir}/report.html")
 
 
+def _parse_opt(item: str) -> tuple[str, Any]:
+    import yaml
+
+    from reprlab.errors import ConfigError
+
+    if "=" not in item:
+        raise ConfigError(f"--launcher-opt {item!r} is not key=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw)
+
+
+@app.command("aggregate")
+@user_errors
+def aggregate_cmd(
+    folders: list[Path] = typer.Argument(..., help="Run folders, or folders holding run folders (a sweep)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Where to write the aggregate (default: the one folder given)."),
+) -> None:  # fmt: skip
+    """Aggregate run folders of one setting made anywhere (other machines, cluster jobs): mean ± 95% CI."""
+    from reprlab.sweep import aggregate_folders
+
+    dest = aggregate_folders(folders, out)
+    typer.echo(f"wrote {dest}/summary.json and {dest}/report.html")
+
+
 @app.command("config")
+@user_errors
 def config_cmd(
     recipe: str = typer.Argument(..., help="Recipe name."),
     overrides: list[str] = typer.Argument(None, help="Overrides to apply before printing."),
+    demo: bool = typer.Option(
+        False, "--demo", help="Print the demo variant (the recipe's demo overrides applied)."
+    ),
 ) -> None:
-    """Print a recipe's resolved config and every key you can override, with help texts."""
+    """Print a recipe's resolved config, every key you can override with help texts, and its claims."""
     import yaml
 
     from reprlab.config import config_to_dict
     from reprlab.config.load import field_help
 
     r = get_recipe(recipe)
-    cfg = r.build_config(overrides or [])
+    cfg = r.build_config([*(r.demo if demo else ()), *(overrides or [])])
+    if demo:
+        typer.echo(f"# demo variant: {' '.join(r.demo) or '(no demo overrides)'}")
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     typer.echo("# keys (type, default): help")
     for key, tp, default, help_text in field_help(type(cfg)):
         typer.echo(f"#   {key} ({tp}, {default!r}): {help_text}")
+    claims = r.claims()
+    if claims:
+        typer.echo("# claims (checked on summary.json after the run):")
+        for c in claims:
+            typer.echo(f"#   {c.name}: {c.check}    {c.text}")
 
 
 @app.command("report")
-def report_cmd(run_dir: Path = typer.Argument(..., help="A run folder written by `reprlab run`.")) -> None:
-    """Rebuild report.html and report.md from a run folder's saved files alone."""
+@user_errors
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="A run or sweep folder written by `reprlab run`."),
+) -> None:
+    """Rebuild report.html and report.md from a run (or sweep) folder's saved files alone."""
     from reprlab.report.build import build_report
 
-    if (run_dir / "demo.json").exists():
+    if (run_dir / "aggregate.json").exists():
+        from reprlab.report.sweep import build_sweep_report
+
+        html_path, md_path = build_sweep_report(run_dir)
+    elif (run_dir / "demo.json").exists():
         from reprlab.demo import build_demo_report
 
         html_path, md_path = build_demo_report(run_dir)
@@ -105,10 +212,15 @@ def report_cmd(run_dir: Path = typer.Argument(..., help="A run folder written by
 
 
 @app.command("demo")
+@user_errors
 def demo_cmd(
-    out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="Folder for the demo runs and combined report."),
+    out: Path = typer.Option(
+        Path("runs/demo"), "--out", "-o", help="Folder for the demo runs and combined report."
+    ),
     only: str = typer.Option("", help="Comma-separated recipe names to run (default: every demo recipe)."),
-    resume: bool = typer.Option(False, "--resume", help="Skip finished recipes and resume an interrupted one."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip finished recipes and resume an interrupted one."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Run every method's short demo recipe and write one combined report (about 15 minutes on 2 CPU cores)."""
@@ -129,6 +241,9 @@ def _mount_method_apps() -> None:
             sub = importlib.import_module(module).app
         except (ImportError, AttributeError):
             continue
+        for cmd in sub.registered_commands:  # the same readable errors for every sub-command
+            if cmd.callback is not None:
+                cmd.callback = user_errors(cmd.callback)
         app.add_typer(sub, name=method, help=f"{method} tools.")
 
 
@@ -139,5 +254,5 @@ def main() -> None:  # pragma: no cover - console entry
     app()
 
 
-if __name__ == "__main__":  # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover - `python -m reprlab.cli`, e.g. under torchrun
     sys.exit(app())

@@ -28,34 +28,62 @@ def execute(
     overwrite: bool = False,
     quiet: bool = False,
     demo: bool = False,
+    track: str | list[str] | tuple[str, ...] | None = None,
 ) -> Path:
-    """Run a recipe end to end (config → run folder → ``run`` → summary → report); returns the run folder."""
+    """Run a recipe end to end (config → run folder → ``run`` → summary → report); returns the run folder.
+
+    Args:
+        track: metric trackers fed from the same records as ``metrics.jsonl`` (``tensorboard``, ``wandb``);
+            default from ``REPRLAB_TRACK``.
+    """
     from reprlab.report.build import build_report
     from reprlab.runs import Run
+    from reprlab.runs.environment import resolve_device
     from reprlab.train.seed import seed_everything
 
     recipe = get_recipe(recipe_name)
     all_overrides = [*(recipe.demo if demo else ()), *overrides]
     cfg = recipe.build_config(all_overrides)
+    claims = recipe.claims()
     module = recipe.module()
-    # Checks that need no work (devices, models and files reachable) run before a folder exists, so a bad
-    # input never leaves a half-made run folder behind.
+    # Everything that can be checked without work (devices, trackers, models and files reachable) is checked
+    # before a folder exists, so a bad input never leaves a half-made run folder behind.
+    resolve_device(getattr(cfg, "device", "auto"))
+    trackers = _trackers(track)
     preflight = getattr(module, "preflight", None)
     if preflight is not None:
         preflight(cfg)
     out = Path(out) if out is not None else _default_out(recipe.name + ("-demo" if demo else ""))
     run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
                      argv=["reprlab", "run", recipe_name, *all_overrides])  # fmt: skip
-    seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
-    logging.getLogger("reprlab").info("run folder: %s", run.dir)
-    t0 = time.time()
-    summary = module.run(cfg, run)
-    if run.is_main:
-        summary = dict(summary or {})
-        summary.setdefault("wall_time_s", round(time.time() - t0, 1))
-        if demo:
-            summary.setdefault("variant", "demo")
-        summary.update(record_claims(run.dir, recipe.claims(), summary))
-        run.write_summary(summary)
-        build_report(run.dir)
+    ok = False
+    try:
+        if trackers and run.is_main:
+            run.open_trackers(trackers)
+        seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
+        logging.getLogger("reprlab").info("run folder: %s", run.dir)
+        t0 = time.time()
+        summary = module.run(cfg, run)
+        if run.is_main:
+            summary = dict(summary or {})
+            summary.setdefault("wall_time_s", round(time.time() - t0, 1))
+            if demo:
+                summary.setdefault("variant", "demo")
+            summary.update(record_claims(run.dir, claims, summary))
+            run.write_summary(summary)
+            build_report(run.dir)
+        ok = True
+    finally:
+        run.close(success=ok)
     return run.dir
+
+
+def _trackers(track: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    spec = track if track is not None else os.environ.get("REPRLAB_TRACK", "")
+    if not spec:
+        return ()
+    from reprlab.runs.trackers import check_trackers_available, parse_trackers
+
+    names = parse_trackers(spec)
+    check_trackers_available(names)
+    return names

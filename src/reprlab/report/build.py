@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from reprlab.errors import RunFolderError
 from reprlab.report.render import render
 from reprlab.report.section import Section
 from reprlab.runs.atomic import read_json
@@ -62,7 +63,7 @@ def metric_curves_section(rows: list[dict[str, Any]], max_panels: int = 12) -> S
         ax.set_xlabel("step", fontsize=8)
         if len(series[key]) > 1:
             ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     fig.tight_layout()
     return Section("Training curves", text="Every numeric metric in metrics.jsonl over steps.", figure=fig)
@@ -142,9 +143,9 @@ def build_report(run_dir: Path | str, title: str | None = None) -> tuple[Path, P
     """Write ``report.html`` and ``report.md`` into ``run_dir``; returns their paths."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run folder {run_dir} does not exist")
+        raise RunFolderError(f"run folder {run_dir} does not exist")
     if not (run_dir / "config.yaml").exists():
-        raise FileNotFoundError(f"{run_dir} is not a reprlab run folder (no config.yaml)")
+        raise RunFolderError(f"{run_dir} is not a reprlab run folder (no config.yaml)")
     from reprlab.recipes import recipe_name_of_run
 
     title = title or f"reprlab run: {recipe_name_of_run(run_dir) or run_dir.name}"

@@ -75,7 +75,9 @@ def _text_html(text: str) -> str:
     parts = re.split(r"```[a-z]*\n?(.*?)```", text, flags=re.S)
     if len(parts) > 1:
         return "".join(
-            f"<pre>{html.escape(p)}</pre>" if i % 2 else _text_html(p.strip()) for i, p in enumerate(parts) if p.strip()
+            f"<pre>{html.escape(p)}</pre>" if i % 2 else _text_html(p.strip())
+            for i, p in enumerate(parts)
+            if p.strip()
         )
     escaped = html.escape(text)
     escaped = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)

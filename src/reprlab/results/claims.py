@@ -71,7 +71,9 @@ class Claim:
         try:
             tree = ast.parse(src, mode="eval")
         except SyntaxError as err:
-            raise ConfigError(f"claim {self.name!r}: check {self.check!r} is not an expression: {err.msg}") from err
+            raise ConfigError(
+                f"claim {self.name!r}: check {self.check!r} is not an expression: {err.msg}"
+            ) from err
         _validate(tree.body, self.name, len(keys))
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "_tree", tree)
@@ -82,7 +84,11 @@ class Claim:
         missing = []
         for key in self.keys:
             v = summary.get(key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or (isinstance(v, float) and math.isnan(v))
+            ):
                 missing.append(key)
             else:
                 values[key] = float(v)
@@ -119,7 +125,9 @@ def _fmt(v: float) -> str:
 
 def _validate(node: ast.AST, name: str, n_keys: int) -> None:
     ok = (
-        isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool)
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
     ) or (isinstance(node, ast.Name) and re.fullmatch(r"__k\d+", node.id) and int(node.id[3:]) < n_keys)
     if ok:
         return
@@ -181,7 +189,9 @@ def parse_claims(raw: Sequence[Mapping[str, Any]] | None, where: str) -> tuple[C
     out, seen = [], set()
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping) or set(item) - {"name", "text", "check"} or "check" not in item:
-            raise ConfigError(f"{where}: claims[{i}] must be a mapping with keys name, text, check; got {item!r}")
+            raise ConfigError(
+                f"{where}: claims[{i}] must be a mapping with keys name, text, check; got {item!r}"
+            )
         name = str(item.get("name") or f"claim{i}")
         if name in seen:
             raise ConfigError(f"{where}: claim name {name!r} is used twice")
@@ -202,7 +212,9 @@ def claim_summary_keys(results: Sequence[ClaimResult], prefix: str = "claims.") 
     return {f"{prefix}{r.claim.name}": int(r.holds) for r in results if r.holds is not None}
 
 
-def claims_table(results: Sequence[ClaimResult], seed_fraction: Mapping[str, float] | None = None) -> list[dict]:
+def claims_table(
+    results: Sequence[ClaimResult], seed_fraction: Mapping[str, float] | None = None
+) -> list[dict]:
     """Rows for a report table; with ``seed_fraction`` (sweeps) a column of the share of seeds where it holds."""
     rows = []
     for r in results:

@@ -165,6 +165,16 @@ class Run:
             raise
         return run
 
+    def open_trackers(self, names: tuple[str, ...]) -> None:
+        """Feed TensorBoard / W&B from :meth:`log` (main rank only); a resume drops their later steps too."""
+        from reprlab.runs.trackers import open_trackers
+
+        resume_step = None
+        if self.resume and self._metrics_path.exists():
+            lines = self._metrics_path.read_bytes().splitlines()
+            resume_step = json.loads(lines[-1]).get("step", 0) + 1 if lines else 0
+        self._trackers = open_trackers(names, self.dir, self.dir.name, config_to_dict(self.cfg), resume_step)
+
     def close(self, success: bool) -> None:
         """Release the folder: drop the lock; after an ``--overwrite``, delete or restore the old results."""
         for tracker in (self._trackers,):
