@@ -65,3 +65,18 @@ def test_select_tokens_and_last_token_mask():
     assert out.shape == (2, 3, 1)
     assert out[1, :, 0].tolist() == [201.0, 202.0, 205.0]
     assert L.last_token_mask(mask).tolist() == [[False, False, True], [False, False, True]]
+
+
+def test_kl_batchmean_is_the_codes_masked_kl_div():
+    """The code multiplies logits by the mask (masked rows -> uniform on both sides -> 0) and calls kl_div with
+    batchmean: a sum over tokens divided by the batch size. Oracle: that computation with torch's kl_div."""
+    torch.manual_seed(0)
+    z, zp = torch.randn(3, 5, 11), torch.randn(3, 5, 11)  # [batch, pos, d_vocab]
+    mask = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    t = 2.0
+    m = mask.unsqueeze(-1).float()
+    ref = F.kl_div(F.log_softmax(zp * m / t, -1), F.softmax(z * m / t, -1), reduction="batchmean") * t**2
+    got = L.kl_retain_batchmean(z, zp, mask, t)
+    torch.testing.assert_close(got, ref)
+    # against the per-token mean [ours]: sum over 12 masked tokens / 3 sequences = 4x the token mean here
+    torch.testing.assert_close(got, L.kl_retain(z[mask], zp[mask], t) * mask.sum() / 3)

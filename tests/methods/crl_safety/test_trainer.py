@@ -204,3 +204,51 @@ def test_interrupted_and_resumed_training_ends_where_an_uninterrupted_one_does(t
     resumed = train(tmp_path / "cut")
     for n in whole:
         torch.testing.assert_close(resumed[n], whole[n], rtol=0, atol=0)
+
+
+def test_residual_mining_init_is_the_codes_two_h_plus_b(tiny):
+    """code AddedModule: h + linear(h), linear = I, b = 1e-7 -> 2h + 1e-7; ours ('identity') starts at h."""
+    h = torch.randn(2, 3, 32)
+    torch.testing.assert_close(AffineLatentAttack(32, 0, residual=True)(h), 2 * h + 1e-7)
+    torch.testing.assert_close(AffineLatentAttack(32, 0)(h), h + 1e-7)
+    att = LatentAttacker(32, [1], lr=1e-2, init="residual")
+    att.refresh(torch.Generator().manual_seed(0))
+    assert att.module.residual
+    with pytest.raises(ValueError, match="mining.init"):
+        LatentAttacker(32, [1], lr=1e-2, init="zero")
+
+
+def test_retain_kl_is_batchmean_over_request_and_response_tokens(tiny, data):
+    """kl_data='retain': the trainer's KL equals the code's kl_div(batchmean) over every non-pad token of a retain
+    batch drawn by its own RNG, computed here from two independent full forwards (adapters off / on)."""
+    import dataclasses
+    import random
+
+    import torch.nn.functional as F
+
+    from reprlab.methods.crl_safety.config import CrlCfg
+
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    with torch.no_grad():  # move the adapters so trained != frozen
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    crl = CrlCfg(layers_benign="1:3", layers_harmful="1:3", kl_reduction="batchmean", kl_data="retain")
+    retain = ben[:4] + harm[:1]
+    dcfg = dataclasses.replace(_cfg(), crl=crl)
+    tr = Trainer("crl", peft, dcfg, harm, ben, tok.pad_token_id, seed=3, retain=retain)
+    idx = random.Random(3 + 2).sample(range(len(retain)), 3)  # the retain RNG: seed + 2, batch_size 3
+    got = tr._kl_retain_set()
+    b = collate([retain[i] for i in idx], tok.pad_token_id)
+    with torch.no_grad():
+        with peft.disable_adapter():
+            z = forward(peft, b.attention_mask, input_ids=b.input_ids, logits_last=None).logits
+        zp = forward(peft, b.attention_mask, input_ids=b.input_ids, logits_last=None).logits
+    m = b.attention_mask.unsqueeze(-1).float()
+    ref = F.kl_div(F.log_softmax(zp * m / 2.0, -1), F.softmax(z * m / 2.0, -1), reduction="batchmean") * 4.0
+    assert float(ref) > 1e-3  # the adapters moved the logits: a real comparison
+    torch.testing.assert_close(got.detach(), ref, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="retain set"):
+        Trainer("crl", peft, dcfg, harm, ben, tok.pad_token_id)

@@ -125,9 +125,11 @@ class HarmBenchJudge:
             raise ValueError("HarmBenchJudge needs the tokenizer of the given model")
         self.model, self.tok, self.template = model.eval(), tokenizer, template
         self.batch_size, self.max_generation_tokens = batch_size, max_generation_tokens
-        self.yes_ids, self.no_ids = _first_token_ids(tokenizer, yes_words), _first_token_ids(tokenizer, no_words)
-        if not self.yes_ids or not self.no_ids or set(self.yes_ids) & set(self.no_ids):
-            raise ValueError(f"the tokenizer cannot tell yes from no (yes ids {self.yes_ids}, no ids {self.no_ids})")
+        yes, no = _first_token_ids(tokenizer, yes_words), _first_token_ids(tokenizer, no_words)
+        shared = set(yes) & set(no)  # e.g. a byte tokenizer's leading space: says nothing about the answer
+        self.yes_ids, self.no_ids = [i for i in yes if i not in shared], [i for i in no if i not in shared]
+        if not self.yes_ids or not self.no_ids:
+            raise ValueError(f"the tokenizer cannot tell yes from no (first tokens: yes {yes}, no {no})")
         self.offline = offline or OfflineJudge()
 
     def prompt_ids(self, behavior: str, generation: str) -> list[int]:

@@ -69,8 +69,10 @@ class DataCfg:
 
 @dataclass(frozen=True)
 class JudgeCfg:
-    backend: str = field(default="offline", metadata=_h("'offline' (markers + degeneration) or 'hf' (classifier id)"))
-    model_id: str = field(default="", metadata=_h("HF text-classification model for backend 'hf'"))
+    backend: str = field(default="offline", metadata=_h(
+        "'offline' [ours] (markers + degeneration); 'harmbench': a causal LM in HarmBench's classifier format "
+        "(yes/no from next-token logits, e.g. cais/HarmBench-Llama-2-13b-cls); 'hf': a text classifier with a trained head"))
+    model_id: str = field(default="", metadata=_h("judge model for backends 'harmbench' and 'hf'"))
     comply_label: str = field(default="yes", metadata=_h("label of the classifier meaning harmful compliance"))
 
 
@@ -167,7 +169,8 @@ def run(cfg: Config, run) -> dict:
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     d = cfg.data
     sp = _splits(cfg)
-    judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label)
+    judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label, device=run.device,
+                       dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype])  # fmt: skip
 
     def gen_stage():
         log("generating base replies (kept in the run folder only)")
