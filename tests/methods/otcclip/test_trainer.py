@@ -81,11 +81,12 @@ def test_every_defense_trains_with_finite_losses_and_sane_diagnostics(items, def
     assert all(torch.isfinite(torch.tensor(s["loss"])) for s in stats)
     assert any((p != b).any() for p, b in zip(tr.model.parameters(), before))
     for s in stats:
-        if "rematch_poison_moved" in s:
-            assert 0 <= s["rematch_poison_moved"] <= 1 and 0 <= s["rematch_clean_kept"] <= 1
-            assert s["n_poison_seen"] + s["n_clean_seen"] == 32  # every pair is matched once per epoch
-    if defense == "safeclip":
-        assert 0 < stats[-1]["safe_share"] <= 1 and 0 <= stats[-1]["poison_in_risky"] <= 1
+        if "rematch_poison_moved" in s:  # defense quality is tested on planted problems (test_defenses.py)
+            assert s["n_poison_seen"] == 4 and s["n_clean_seen"] == 28  # every pair is matched once per epoch
+    if defense == "safeclip":  # the logged split is the one the trainer holds
+        safe = tr.state.safe
+        assert stats[-1]["safe_share"] == float(safe.float().mean())
+        assert stats[-1]["poison_in_risky"] == float((~safe[tr.poison]).float().mean())
     if defense in ("roclip", "otcclip"):
         assert len(tr.bank) == min(64, 3 * 32) and tr.examples  # bank filled, examples recorded
 
