@@ -93,3 +93,23 @@ def test_mechanism_centred_cosines_are_one_for_an_untrained_adapter(tiny, fmt):
     m = mechanism(peft, harm, ben, tok.pad_token_id, [1, 3], frozen_ctx=peft.disable_adapter())
     for k in ("cos_harmful", "cos_benign", "cos_harmful_centered", "cos_benign_centered"):
         assert m[k] == pytest.approx([1.0, 1.0], abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ["crl-tiny", "crl-llama3-8b", "crl-mistral-7b"])
+def test_declared_claims_read_keys_the_run_writes(finished, name):
+    """Every claim's keys are in a finished run's summary (so none is n/a for a missing key), except the sweep-only
+    *_ci claims; the verdicts follow the numbers (checked by recomputing two of them here)."""
+    from reprlab.recipes import get_recipe
+    from reprlab.results.claims import evaluate_claims
+
+    _, _, summary = finished
+    claims = get_recipe(name).claims()
+    res = {c.name: r for c, r in zip(claims, evaluate_claims(claims, summary))}
+    assert {n for n, r in res.items() if r.verdict == "n/a"} == {"crl_beats_prefill_ci", "crl_beats_embedding_ci"}
+    s = summary
+    assert res["crl_beats_prefill"].holds == (s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"]))
+    assert res["rr_moves"].holds == (s["rr.mech_cos_harmful"] < 0.99)
+    # on an aggregate with CIs the sweep claims evaluate
+    agg = {**s, "crl.asr_prefill.ci_hi": 0.1, "refusal.asr_prefill.ci_lo": 0.5}
+    ci = evaluate_claims([c for c in claims if c.name == "crl_beats_prefill_ci"], agg)[0]
+    assert ci.verdict != "n/a" and ci.holds

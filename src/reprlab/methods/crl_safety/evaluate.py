@@ -151,4 +151,9 @@ def headline(res: dict) -> dict[str, float]:
             out[f"{attack}_degenerate"] = res[attack]["degenerate"]
     out["benign_degenerate"] = res["benign"]["degenerate"]
     out["xstest_degenerate"] = res["xstest"]["degenerate"]
+    mech = res.get("mechanism")
+    if mech:  # mean over the mechanism layers of cos(trained, frozen), centred when measured: 1.0 = did not move
+        for cls in ("harmful", "benign"):
+            vals = mech.get(f"cos_{cls}_centered", mech[f"cos_{cls}"])
+            out[f"mech_cos_{cls}"] = float(sum(vals) / len(vals))
     return out
