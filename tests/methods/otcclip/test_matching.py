@@ -1,9 +1,14 @@
 """Re-matching (OTCCLIP OT re-ranking, RoCLIP nearest neighbour) and the caption bank."""
 
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig
+from reprlab.methods.otcclip.losses import OTConfig, ot_solve
 from reprlab.methods.otcclip.matching import CaptionBank, nn_rematch, otc_rematch
 
 E = torch.eye(4)
@@ -74,3 +79,59 @@ def test_own_caption_is_kept_unless_beaten_by_the_margin():
     assert (
         otc_rematch(u, patches, glob, tokens, mask, 1, 0.5, OT, own_index=torch.tensor([1])).index.item() == 1
     )
+
+
+def _clustered(batch=64, n=16, m=10, d=32, k=3, seed=0):
+    """Patch/token sets drawn around a few shared directions (like trained features): slow Sinkhorn."""
+    g = torch.Generator().manual_seed(seed)
+    centres = F.normalize(torch.randn(k, d, generator=g), dim=-1)
+    x = F.normalize(
+        centres[torch.randint(0, k, (batch, n), generator=g)] + 0.05 * torch.randn(batch, n, d, generator=g),
+        dim=-1,
+    )
+    y = F.normalize(
+        centres[torch.randint(0, k, (batch, m), generator=g)] + 0.05 * torch.randn(batch, m, d, generator=g),
+        dim=-1,
+    )
+    return x, y
+
+
+def test_matching_ot_meets_its_tolerance_and_matches_pot_where_fixed_50_iterations_do_not():
+    import ot as pot
+
+    x, y = _clustered()
+    cfg = OTConfig(eps=0.05, n_iters=50, match_tol=1e-3, match_max_iters=2000)
+    res = ot_solve(x, y, None, None, cfg, matching=True)
+    fixed = ot_solve(x, y, None, None, cfg, matching=False)  # the loss path: fixed n_iters = 50
+    assert bool(res.converged.all()) and float(res.marginal_error.max()) <= 1e-3
+    # oracle: POT's log-domain Sinkhorn run to 1e-9, per problem, in float64
+    ref = []
+    for xi, yi in zip(x.double().numpy(), y.double().numpy()):
+        cost = 1.0 - xi @ yi.T
+        a, b = np.full(len(xi), 1 / len(xi)), np.full(len(yi), 1 / len(yi))
+        plan = pot.sinkhorn(a, b, cost, reg=0.05, method="sinkhorn_log", numItermax=100_000, stopThr=1e-9)
+        ref.append(float((plan * cost).sum()))
+    ref = torch.tensor(ref)
+    # L1 marginal error e moves <P, C> by at most ~e * max C = 2e-3 (cost in [0, 2]); measured ~1e-4
+    assert float((res.cost.double() - ref).abs().max()) < 2e-3
+    # the test has teeth: 50 fixed iterations are farther off than the tolerance allows on these features
+    assert float(fixed.marginal_error.max()) > 1e-2 and float((fixed.cost.double() - ref).abs().max()) > 2e-3
+
+
+def test_unconverged_matching_is_logged_and_warned_per_epoch(items):
+    from .test_trainer import _trainer
+
+    tr = _trainer(items, "otcclip")
+    tr.dcfg = tr.impl.cfg = replace(
+        tr.dcfg, ot=OTConfig(eps=0.01, n_iters=20, match_tol=1e-9, match_max_iters=10)
+    )
+    tr.run_epoch(0)
+    with pytest.warns(RuntimeWarning, match="re-matching OT did not converge"):
+        stats = tr.run_epoch(1)
+    assert stats["phase"] == "otc_match" and stats["ot_max_marginal_error"] > 1e-9
+    assert 0 <= stats["ot_converged_share"] < 1
+    tr.dcfg = tr.impl.cfg = replace(tr.dcfg, ot=OTConfig(eps=0.1, match_tol=1e-3, match_max_iters=2000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # converged: no warning
+        stats = tr.run_epoch(2)
+    assert stats["ot_converged_share"] == 1.0 and stats["ot_max_marginal_error"] <= 1e-3
