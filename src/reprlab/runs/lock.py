@@ -24,14 +24,18 @@ from reprlab.errors import RunLockedError
 
 LOCK_NAME = ".reprlab.lock"
 log = logging.getLogger(__name__)
+# Locks this process holds, by real path, with a count: the lock keeps other *processes* out; code in one
+# process that opens the same run twice (a resume test, a sweep that reopens a seed) shares it.
+_HELD: dict[str, list] = {}
 
 
 class RunLock:
     """Exclusive writer lock on a run folder; use :meth:`acquire`, release with :meth:`release`."""
 
-    def __init__(self, path: Path, fh: Any, stale: dict[str, Any] | None):
+    def __init__(self, path: Path, fh: Any, stale: dict[str, Any] | None, key: str = ""):
         self.path = path
         self._fh = fh
+        self._key = key
         self.stale = stale  # the record of a dead holder that was taken over, if any
 
     @classmethod
@@ -39,6 +43,11 @@ class RunLock:
         """Take the lock or raise :class:`RunLockedError` naming the live holder's pid and start time."""
         path = Path(run_dir) / LOCK_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
+        key = os.path.realpath(path)
+        held = _HELD.get(key)
+        if held is not None and held[2] == os.getpid() and not held[0].closed:
+            held[1] += 1
+            return cls(path, held[0], None, key)
         fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the life of the lock
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -64,12 +73,21 @@ class RunLock:
         fh.truncate()
         fh.write(json.dumps(record) + "\n")
         fh.flush()
-        return cls(path, fh, stale)
+        _HELD[key] = [fh, 1, os.getpid()]
+        return cls(path, fh, stale, key)
 
     def release(self) -> None:
         """Clear the record and drop the lock (a clean exit leaves an empty lock file, not a stale one)."""
         if self._fh is None or self._fh.closed:
             return
+        held = _HELD.get(self._key)
+        fh, self._fh = self._fh, None
+        if held is not None and held[0] is fh:
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del _HELD[self._key]
+        self._fh = fh
         try:
             self._fh.seek(0)
             self._fh.truncate()
@@ -78,6 +96,7 @@ class RunLock:
             pass
         fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
         self._fh.close()
+        self._fh = None
 
     def __enter__(self) -> RunLock:
         return self

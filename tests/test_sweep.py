@@ -1,0 +1,131 @@
+"""Seed sweeps end to end on smoke-digits: per-seed run folders, aggregate keys checked against scipy,
+skip/resume, `reprlab aggregate` rebuilding the same summary, and the submitit local launcher."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from reprlab.cli import app
+from reprlab.errors import ReprlabError, RunFolderError
+from reprlab.sweep import aggregate_folders, parse_seeds, run_sweep
+
+FAST = ["train.epochs=2"]
+runner = CliRunner()
+
+
+def _read(p):
+    return json.loads(p.read_text())
+
+
+def _no_time(summary):
+    return {k: v for k, v in summary.items() if not k.startswith("wall_time_s")}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sw") / "s"
+    result = runner.invoke(app, ["run", "smoke-digits", "--seeds", "0,1,2", "--out", str(out), "-q", *FAST])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_one_ordinary_run_folder_per_seed(sweep):
+    for s in (0, 1, 2):
+        d = sweep / f"seed-{s}"
+        assert (d / "summary.json").is_file() and (d / "report.html").is_file()
+        assert f"seed: {s}" in (d / "config.yaml").read_text()
+    accs = [_read(sweep / f"seed-{s}" / "summary.json")["test_acc"] for s in (0, 1, 2)]
+    assert len(set(accs)) > 1  # the seeds really differ
+
+
+def test_aggregate_keys_against_scipy(sweep):
+    agg = _read(sweep / "summary.json")
+    accs = [_read(sweep / f"seed-{s}" / "summary.json")["test_acc"] for s in (0, 1, 2)]
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(accs), scale=stats.sem(accs))
+    assert agg["test_acc"] == pytest.approx(np.mean(accs), abs=1e-12)
+    assert agg["test_acc.ci_lo"] == pytest.approx(lo, abs=1e-12) and agg["test_acc.ci_hi"] == pytest.approx(
+        hi
+    )
+    assert agg["test_acc.n"] == 3 and agg["seeds.n"] == 3
+    per_seed = [_read(sweep / f"seed-{s}" / "summary.json")["claims.learns"] for s in (0, 1, 2)]
+    assert agg["claims.learns"] == pytest.approx(np.mean(per_seed))  # share of seeds on which it held
+    assert agg["claims_on_mean.learns"] == int(np.mean(accs) >= 0.85)  # the claim evaluated on the mean
+    claims = _read(sweep / "claims.json")["claims"]
+    assert {c["claim"] for c in claims} == {"learns", "loss_below_chance"}
+    assert claims[0]["holds on seeds"] == f"{np.mean(per_seed):.2f}"
+    md = (sweep / "report.md").read_text()
+    assert "Metrics over seeds" in md and "seed 2" in md and "Claims" in md
+
+
+def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):
+    result = runner.invoke(app, ["aggregate", *(str(sweep / f"seed-{s}") for s in (0, 1, 2)),
+                                 "--out", str(tmp_path / "agg")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert _no_time(_read(tmp_path / "agg" / "summary.json")) == _no_time(_read(sweep / "summary.json"))
+    aggregate_folders([sweep])  # a sweep folder alone aggregates into itself
+    assert (sweep / "report.html").is_file()
+
+
+def test_aggregate_refuses_other_settings_naming_the_difference(sweep, tmp_path):
+    from reprlab.runner import execute
+
+    other = execute("smoke-digits", ["train.epochs=1", "seed=7"], tmp_path / "other", quiet=True)
+    result = runner.invoke(
+        app, ["aggregate", str(sweep / "seed-0"), str(other), "--out", str(tmp_path / "x")]
+    )
+    assert (
+        result.exit_code == 2 and "train.epochs: 2 -> 1" in result.output and "Traceback" not in result.output
+    )
+
+
+def test_finished_seeds_are_skipped_and_new_ones_added_on_resume(sweep):
+    before = (sweep / "seed-0" / "summary.json").stat().st_mtime_ns
+    run_sweep("smoke-digits", [0, 3], FAST, sweep, resume=True, quiet=True)
+    assert (sweep / "seed-0" / "summary.json").stat().st_mtime_ns == before
+    assert (sweep / "seed-3" / "summary.json").is_file()
+    assert _read(sweep / "summary.json")["test_acc.n"] == 4  # 0,1,2 from before plus 3
+    with pytest.raises(RunFolderError, match="already holds a seed sweep"):
+        run_sweep("smoke-digits", [0], FAST, sweep, quiet=True)
+    with pytest.raises(RunFolderError, match="not smoke-digits with"):
+        run_sweep("smoke-digits", [0], ["train.epochs=1"], sweep, resume=True, quiet=True)
+
+
+def test_interrupted_seed_is_resumed_to_the_uninterrupted_result(tmp_path, monkeypatch, sweep):
+    monkeypatch.setenv("REPRLAB_SMOKE_STOP_AFTER", "30")  # every seed dies at step 30
+    with pytest.raises(ReprlabError, match="2 of 2 seeds failed"):
+        run_sweep("smoke-digits", [0, 1], [*FAST, "train.checkpoint_every=10"], tmp_path / "s", quiet=True)
+    monkeypatch.delenv("REPRLAB_SMOKE_STOP_AFTER")
+    with pytest.raises(RunFolderError, match="already holds a seed sweep"):  # finishing it needs --resume
+        run_sweep("smoke-digits", [0, 1], [*FAST, "train.checkpoint_every=10"], tmp_path / "s", quiet=True)
+    out = run_sweep(
+        "smoke-digits", [0, 1], [*FAST, "train.checkpoint_every=10"], tmp_path / "s", resume=True, quiet=True
+    )
+    ref = run_sweep(
+        "smoke-digits", [0, 1], [*FAST, "train.checkpoint_every=10"], tmp_path / "ref", quiet=True
+    )
+    assert _no_time(_read(out / "summary.json")) == _no_time(_read(ref / "summary.json"))
+
+
+def test_seed_override_and_bad_seeds_are_input_errors(tmp_path):
+    result = runner.invoke(
+        app, ["run", "smoke-digits", "--seeds", "0,1", "seed=3", "--out", str(tmp_path / "a")]
+    )
+    assert result.exit_code == 2 and "drop seed=" in result.output
+    result = runner.invoke(app, ["run", "smoke-digits", "--seeds", "0,x", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "--seeds" in result.output
+    assert parse_seeds("0-2,5") == [0, 1, 2, 5]
+    assert not (tmp_path / "a").exists()
+
+
+def test_submitit_local_launcher_matches_inline(tmp_path, sweep):
+    pytest.importorskip("submitit")
+    out = run_sweep("smoke-digits", [0, 1], FAST, tmp_path / "sub", quiet=True, launcher="submitit-local",
+                    launcher_opts={"timeout_min": 10})  # fmt: skip
+    for s in (0, 1):  # each seed ran as its own job, in its own process, into an ordinary run folder
+        assert _no_time(_read(out / f"seed-{s}" / "summary.json")) == _no_time(
+            _read(sweep / f"seed-{s}" / "summary.json")
+        )
+    assert list((out / "submitit").iterdir())  # submitit's job folders (logs, pickles)

@@ -1,0 +1,88 @@
+"""Claims are parsed against a whitelist (never eval'ed) and evaluated to known answers."""
+
+import pytest
+
+from reprlab.errors import ConfigError
+from reprlab.results.claims import claim_summary_keys, evaluate_claims, parse_claims
+
+
+def _one(check, name="c"):
+    return parse_claims([{"name": name, "text": "t", "check": check}], "recipe.yaml")[0]
+
+
+@pytest.mark.parametrize(
+    ("check", "summary", "holds"),
+    [
+        ("{a} >= 0.5", {"a": 0.5}, True),
+        ("{a} >= 0.5", {"a": 0.49}, False),
+        ("{o.zs} >= max({r.zs}, {s.zs}) - 0.01", {"o.zs": 0.50, "r.zs": 0.40, "s.zs": 0.505}, True),
+        ("{o.zs} >= max({r.zs}, {s.zs}) - 0.01", {"o.zs": 0.49, "r.zs": 0.40, "s.zs": 0.505}, False),
+        ("{a} < {b} and not {c} > 1", {"a": 1, "b": 2, "c": 0}, True),
+        ("0 < {a} < 1", {"a": 1.0}, False),  # chained comparison, both sides
+        ("abs({a} - {b}) <= 0.1 or {c} == 3", {"a": 1, "b": 5, "c": 3}, True),
+        ("{a} / {b} > 2", {"a": 5, "b": 2}, True),
+    ],
+)
+def test_known_answers(check, summary, holds):
+    assert _one(check).evaluate(summary).holds is holds
+
+
+def test_missing_or_non_numeric_keys_are_not_measured_rather_than_false():
+    c = _one("{a} > {b}")
+    for summary in ({"a": 1}, {"a": 1, "b": "x"}, {"a": 1, "b": float("nan")}, {"a": True, "b": 0}):
+        r = c.evaluate(summary)
+        assert r.holds is None and r.verdict == "n/a" and "not measured" in r.evidence
+    assert claim_summary_keys([c.evaluate({"a": 1})]) == {}
+    assert claim_summary_keys([c.evaluate({"a": 2, "b": 1})]) == {"claims.c": 1}
+
+
+def test_evidence_shows_the_numbers():
+    r = _one("{none.asr} >= 0.5").evaluate({"none.asr": 0.75})
+    assert r.evidence == "none.asr=0.75 >= 0.5" and r.verdict == "holds"
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "__import__('os').system('true')",
+        "{a}.__class__",
+        "{a} if {b} else 0",
+        "[{a}][0]",
+        "len({a})",
+        "{a} ** 2",
+    ],
+)
+def test_anything_but_the_small_grammar_is_refused(check):
+    with pytest.raises(ConfigError, match="recipe.yaml"):
+        _one(check)
+
+
+def test_recipe_claims_are_validated_when_the_recipe_loads(tmp_path):
+    from reprlab.recipes import load_recipe_file
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "description: x\nentry: reprlab.methods.smoke.recipe\nconfig: {}\n"
+        "claims:\n  - {name: a, check: '{x} >'}\n"
+    )
+    with pytest.raises(ConfigError, match=r"bad.yaml: claim 'a'"):
+        load_recipe_file(bad)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(
+        "description: x\nentry: reprlab.methods.smoke.recipe\nconfig: {}\n"
+        "claims:\n  - {name: a, check: '{x} > 1'}\n  - {name: a, check: '{y} > 1'}\n"
+    )
+    with pytest.raises(ConfigError, match="used twice"):
+        load_recipe_file(dup)
+
+
+def test_every_shipped_recipe_declares_claims_that_parse():
+    from reprlab.recipes import all_recipes
+
+    for name, recipe in all_recipes().items():
+        assert isinstance(recipe.claims(), tuple), name
+
+
+def test_evaluate_claims_keeps_order():
+    cs = parse_claims([{"name": "x", "check": "{a} > 0"}, {"name": "y", "check": "{a} < 0"}], "r")
+    assert [r.holds for r in evaluate_claims(cs, {"a": 1})] == [True, False]

@@ -1,0 +1,190 @@
+"""Run folders never mix or lose results: lock, --resume/--out/--overwrite checks, corrupt checkpoints,
+damaged metrics, file modes. Each test here fails on the run folder code before issue 10."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from reprlab.errors import RunFolderError, RunLockedError
+from reprlab.methods.smoke.recipe import Interrupted
+from reprlab.runner import execute
+from reprlab.runs.lock import RunLock
+
+FAST = ["train.epochs=3", "train.checkpoint_every=10"]  # 66 steps; checkpoints at 10, 20, ... (last two kept)
+
+
+def _metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _summary(run_dir):
+    s = json.loads((run_dir / "summary.json").read_text())
+    s.pop("wall_time_s")
+    return s
+
+
+@pytest.fixture
+def full_run(tmp_path):
+    return execute("smoke-digits", FAST, tmp_path / "full", quiet=True)
+
+
+def _interrupted(tmp_path, monkeypatch, name="cut", after=35):
+    monkeypatch.setenv("REPRLAB_SMOKE_STOP_AFTER", str(after))  # dies 5 steps after the step-30 checkpoint
+    with pytest.raises(Interrupted):
+        execute("smoke-digits", FAST, tmp_path / name, quiet=True)
+    monkeypatch.delenv("REPRLAB_SMOKE_STOP_AFTER")
+    return tmp_path / name
+
+
+def _hold_lock_in_other_process(folder):
+    code = textwrap.dedent(f"""
+        import sys, time
+        from reprlab.runs.lock import RunLock
+        lock = RunLock.acquire({str(folder)!r})
+        print("locked", flush=True)
+        sys.stdin.read()  # hold until the test closes our stdin
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_second_writer_fails_at_once_naming_the_holder(tmp_path, monkeypatch):
+    cut = _interrupted(tmp_path, monkeypatch)
+    before = (cut / "metrics.jsonl").read_bytes()
+    holder = _hold_lock_in_other_process(cut)
+    try:
+        with pytest.raises(RunLockedError, match=rf"pid {holder.pid} on .*started 20\d\d-"):
+            execute("smoke-digits", FAST, cut, resume=True, quiet=True)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert (cut / "metrics.jsonl").read_bytes() == before  # refused before touching anything
+    execute("smoke-digits", FAST, cut, resume=True, quiet=True)  # the holder is gone: the lock is free again
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(proc.stdout)
+    (folder / ".reprlab.lock").write_text(json.dumps({"pid": dead, "started": "2026-01-01T00:00:00"}))
+    with caplog.at_level("WARNING"):
+        lock = RunLock.acquire(folder)
+    assert lock.stale["pid"] == dead and f"stale lock of pid {dead}" in caplog.text
+    lock.release()
+    assert (folder / ".reprlab.lock").read_text() == ""  # a clean release leaves no stale record
+
+
+def test_resume_needs_an_existing_run_folder(tmp_path):
+    with pytest.raises(RunFolderError, match="does not exist"):
+        execute("smoke-digits", FAST, tmp_path / "missing", resume=True, quiet=True)
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "notarun").mkdir()
+    (tmp_path / "notarun" / "notes.txt").write_text("mine")
+    with pytest.raises(RunFolderError, match="not a reprlab run folder"):
+        execute("smoke-digits", FAST, tmp_path / "notarun", resume=True, quiet=True)
+
+
+def test_out_into_a_non_run_folder_never_touches_the_users_files(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("my own file\n")
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match="not a reprlab run"):
+            execute("smoke-digits", FAST, folder, overwrite=overwrite, quiet=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl"]
+    assert (folder / "metrics.jsonl").read_text() == "my own file\n"
+
+
+def test_overwrite_never_leaves_files_of_two_runs_side_by_side(tmp_path, full_run):
+    (full_run / "analysis").mkdir()
+    (full_run / "analysis" / "old.json").write_text("{}")
+    (full_run / "figures" / "old.png").parent.mkdir(exist_ok=True)
+    (full_run / "figures" / "old.png").write_bytes(b"png")
+    execute("smoke-digits", [*FAST, "hidden=32"], full_run, overwrite=True, quiet=True)
+    assert not (full_run / "analysis").exists() and not (full_run / "figures" / "old.png").exists()
+    assert "hidden: 32" in (full_run / "config.yaml").read_text()
+    assert not list(tmp_path.glob(".full.replaced-*"))  # the old results are gone once the new run finished
+
+
+def test_failed_overwrite_restores_the_old_results(tmp_path, monkeypatch, full_run):
+    old = {p.relative_to(full_run): p.read_bytes() for p in full_run.rglob("*") if p.is_file()}
+    monkeypatch.setenv("REPRLAB_SMOKE_STOP_AFTER", "15")
+    with pytest.raises(Interrupted):
+        execute("smoke-digits", FAST, full_run, overwrite=True, quiet=True)
+    now = {p.relative_to(full_run): p.read_bytes() for p in full_run.rglob("*") if p.is_file()}
+    assert now == old  # byte for byte, nothing of the failed run mixed in
+    assert not list(tmp_path.glob(".full.replaced-*"))
+
+
+def test_bad_config_fails_before_the_old_results_are_moved(tmp_path, full_run):
+    before = sorted(p.name for p in full_run.iterdir())
+    with pytest.raises(Exception, match="batch_size: must be >= 1"):
+        execute("smoke-digits", [*FAST, "train.batch_size=0"], full_run, overwrite=True, quiet=True)
+    assert sorted(p.name for p in full_run.iterdir()) == before
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_still_ends_like_an_uninterrupted_run(
+    tmp_path, monkeypatch, full_run, caplog
+):
+    cut = _interrupted(tmp_path, monkeypatch)
+    latest = cut / "checkpoints" / "train" / "step_00000030"
+    weights = latest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # one flipped byte: same size, wrong checksum
+    weights.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        execute("smoke-digits", FAST, cut, resume=True, quiet=True)
+    assert "step_00000030 is corrupt" in caplog.text and "falling back to step_00000020" in caplog.text
+    assert _metrics(cut) == _metrics(full_run)
+    assert _summary(cut) == _summary(full_run)
+
+
+def test_garbage_after_the_last_checkpoint_in_metrics_is_dropped_on_resume(tmp_path, monkeypatch, full_run):
+    cut = _interrupted(tmp_path, monkeypatch)
+    with open(cut / "metrics.jsonl", "ab") as fh:
+        fh.write(b'\xff\xfe\x00 not utf-8\n{"step": 99, "loss": 1.0}\n{"step": 100, "lo')  # junk + a torn line
+    execute("smoke-digits", FAST, cut, resume=True, quiet=True)
+    assert _metrics(cut) == _metrics(full_run)
+
+
+def test_damage_before_the_last_checkpoint_is_an_error_naming_the_line(tmp_path, monkeypatch):
+    cut = _interrupted(tmp_path, monkeypatch)
+    lines = (cut / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    lines[2] = b"\xff\xff\n"
+    (cut / "metrics.jsonl").write_bytes(b"".join(lines))
+    with pytest.raises(RunFolderError, match=r"metrics.jsonl:3 is corrupt"):
+        execute("smoke-digits", FAST, cut, resume=True, quiet=True)
+
+
+def test_files_follow_the_users_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        run_dir = execute("smoke-digits", ["train.epochs=1", "train.checkpoint_every=5"], tmp_path / "r", quiet=True)
+    finally:
+        os.umask(old)
+    for name in ("summary.json", "config.yaml", "env.json", "report.html", "claims.json"):
+        assert (run_dir / name).stat().st_mode & 0o777 == 0o664, name
+    ckpt = next((run_dir / "checkpoints" / "train").iterdir())
+    assert ckpt.stat().st_mode & 0o777 == 0o775
+    assert all(f.stat().st_mode & 0o777 == 0o664 for f in ckpt.iterdir())
+
+
+def test_env_records_cpu_and_threads(tmp_path):
+    run_dir = execute("smoke-digits", ["train.epochs=1"], tmp_path / "r", quiet=True)
+    env = json.loads((run_dir / "env.json").read_text())
+    for key in ("cpu_model", "isa_flags", "torch_threads", "torch_interop_threads", "cpu_count", "git_commit"):
+        assert key in env, key
+    assert env["torch_threads"] >= 1
+
+
+def test_same_seed_same_summary(tmp_path):
+    """Determinism on one machine with the same threads: the whole summary, bit for bit."""
+    a = execute("smoke-digits", ["train.epochs=2"], tmp_path / "a", quiet=True)
+    b = execute("smoke-digits", ["train.epochs=2"], tmp_path / "b", quiet=True)
+    assert _summary(a) == _summary(b) and _metrics(a) == _metrics(b)
