@@ -188,3 +188,20 @@ def test_same_seed_same_summary(tmp_path):
     a = execute("smoke-digits", ["train.epochs=2"], tmp_path / "a", quiet=True)
     b = execute("smoke-digits", ["train.epochs=2"], tmp_path / "b", quiet=True)
     assert _summary(a) == _summary(b) and _metrics(a) == _metrics(b)
+
+
+def test_tensorboard_after_kill_and_resume_holds_exactly_the_metrics_jsonl_losses(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("REPRLAB_SMOKE_STOP_AFTER", "35")
+    with pytest.raises(Interrupted):
+        execute("smoke-digits", FAST, tmp_path / "r", quiet=True, track="tensorboard")
+    monkeypatch.delenv("REPRLAB_SMOKE_STOP_AFTER")
+    execute("smoke-digits", FAST, tmp_path / "r", resume=True, quiet=True, track="tensorboard")
+    acc = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    acc.Reload()
+    tb = {e.step: e.value for e in acc.Scalars("loss")}
+    jsonl = {m["step"]: m["loss"] for m in _metrics(tmp_path / "r") if "loss" in m}
+    assert sorted(tb) == sorted(jsonl)  # steps 31-35 of the killed run were purged, not doubled
+    assert all(tb[s] == pytest.approx(jsonl[s], rel=1e-6) for s in jsonl)  # TB stores float32
