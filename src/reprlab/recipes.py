@@ -43,7 +43,9 @@ class Recipe:
         try:
             mod = importlib.import_module(self.entry)
         except ImportError as err:
-            raise ImportError(f"recipe {self.name} ({self.path}): cannot import entry {self.entry!r}: {err}") from err
+            raise ImportError(
+                f"recipe {self.name} ({self.path}): cannot import entry {self.entry!r}: {err}"
+            ) from err
         for attr in ("Config", "run"):
             if not hasattr(mod, attr):
                 raise AttributeError(f"recipe {self.name}: entry module {self.entry} defines no {attr!r}")
@@ -71,13 +73,17 @@ def load_recipe_file(path: Path) -> Recipe:
     missing = [k for k in REQUIRED_KEYS if k not in data]
     unknown = [k for k in data if k not in KNOWN_KEYS]
     if missing or unknown:
-        raise ConfigError(f"recipe file {path}: missing keys {missing}, unknown keys {unknown}; valid: {KNOWN_KEYS}")
+        raise ConfigError(
+            f"recipe file {path}: missing keys {missing}, unknown keys {unknown}; valid: {KNOWN_KEYS}"
+        )
     recipe = Recipe(
         name=path.stem, path=path, description=str(data["description"]).strip(), entry=data["entry"],
         config=data["config"] or {}, demo=tuple(data.get("demo") or ()), demo_order=data.get("demo_order"),
         raw_claims=tuple(data["claims"]) if data.get("claims") is not None else None,
     )  # fmt: skip
-    parse_claims(list(recipe.raw_claims) if recipe.raw_claims is not None else None, str(path))  # fail at load
+    parse_claims(
+        list(recipe.raw_claims) if recipe.raw_claims is not None else None, str(path)
+    )  # fail at load
     return recipe
 
 
@@ -87,7 +93,9 @@ def all_recipes(methods_dir: Path = METHODS_DIR) -> dict[str, Recipe]:
     for path in sorted(methods_dir.glob("*/recipes/*.yaml")):
         recipe = load_recipe_file(path)
         if recipe.name in out:
-            raise ConfigError(f"recipe name {recipe.name} is defined twice: {out[recipe.name].path} and {path}")
+            raise ConfigError(
+                f"recipe name {recipe.name} is defined twice: {out[recipe.name].path} and {path}"
+            )
         out[recipe.name] = recipe
     return out
 

@@ -317,7 +317,9 @@ class Run:
                     self.logger.info("resumed %s from %s", tag, latest)
                     return step, extra
             fallback = ckpts[-1].name if ckpts else "the start of training"
-            self.logger.warning("checkpoint %s cannot be loaded (%s); falling back to %s", latest, why, fallback)
+            self.logger.warning(
+                "checkpoint %s cannot be loaded (%s); falling back to %s", latest, why, fallback
+            )
             if self.is_main:
                 os.replace(latest, latest.with_name(f".corrupt-{latest.name}"))
         return None

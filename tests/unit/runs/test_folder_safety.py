@@ -48,7 +48,9 @@ def _hold_lock_in_other_process(folder):
         print("locked", flush=True)
         sys.stdin.read()  # hold until the test closes our stdin
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -70,7 +72,9 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path, monkeypatch):
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "r"
     folder.mkdir()
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead = int(proc.stdout)
     (folder / ".reprlab.lock").write_text(json.dumps({"pid": dead, "started": "2026-01-01T00:00:00"}))
     with caplog.at_level("WARNING"):
@@ -148,7 +152,9 @@ def test_corrupt_latest_checkpoint_falls_back_and_still_ends_like_an_uninterrupt
 def test_garbage_after_the_last_checkpoint_in_metrics_is_dropped_on_resume(tmp_path, monkeypatch, full_run):
     cut = _interrupted(tmp_path, monkeypatch)
     with open(cut / "metrics.jsonl", "ab") as fh:
-        fh.write(b'\xff\xfe\x00 not utf-8\n{"step": 99, "loss": 1.0}\n{"step": 100, "lo')  # junk + a torn line
+        fh.write(
+            b'\xff\xfe\x00 not utf-8\n{"step": 99, "loss": 1.0}\n{"step": 100, "lo'
+        )  # junk + a torn line
     execute("smoke-digits", FAST, cut, resume=True, quiet=True)
     assert _metrics(cut) == _metrics(full_run)
 
@@ -165,7 +171,9 @@ def test_damage_before_the_last_checkpoint_is_an_error_naming_the_line(tmp_path,
 def test_files_follow_the_users_umask(tmp_path):
     old = os.umask(0o002)
     try:
-        run_dir = execute("smoke-digits", ["train.epochs=1", "train.checkpoint_every=5"], tmp_path / "r", quiet=True)
+        run_dir = execute(
+            "smoke-digits", ["train.epochs=1", "train.checkpoint_every=5"], tmp_path / "r", quiet=True
+        )
     finally:
         os.umask(old)
     for name in ("summary.json", "config.yaml", "env.json", "report.html", "claims.json"):
@@ -178,7 +186,14 @@ def test_files_follow_the_users_umask(tmp_path):
 def test_env_records_cpu_and_threads(tmp_path):
     run_dir = execute("smoke-digits", ["train.epochs=1"], tmp_path / "r", quiet=True)
     env = json.loads((run_dir / "env.json").read_text())
-    for key in ("cpu_model", "isa_flags", "torch_threads", "torch_interop_threads", "cpu_count", "git_commit"):
+    for key in (
+        "cpu_model",
+        "isa_flags",
+        "torch_threads",
+        "torch_interop_threads",
+        "cpu_count",
+        "git_commit",
+    ):
         assert key in env, key
     assert env["torch_threads"] >= 1
 
