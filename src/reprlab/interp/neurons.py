@@ -11,6 +11,12 @@ Reason to Rote (arXiv 2507.04782) reports that in FDA, memorisation of noisy lab
 4. patch the top-K neurons to μ_n(j, f_j(x)) at every answer position and measure the *restoration rate*
    (share of noisy items whose greedy answer becomes the true answer) and the remaining memorisation;
 5. controls: K random neurons of the same layer, and the clean-item EM under the same patch.
+
+Matched nulls [ours, issue 12]: a raw restoration rate counts items that already answered y* before the
+patch (in a run that has not finished memorising that is most of it), so every rate is also reported as a
+*gain* over the pre-patch true-answer rate, and the headline ``restore_gain_net`` subtracts the larger gain
+of two random controls: ``n_random`` uniform draws of K neurons, and ``n_random`` draws of K neurons from
+attribution ranks [K, 4K) (active, relevant-looking neurons that are not the top K).
 """
 
 from __future__ import annotations
@@ -96,7 +102,10 @@ class OutlierNeuronResult:
             first differing position (clean: at the same positions distribution).
         z_noisy_by_neuron: mean z per top neuron on noisy items (signed).
         restore_rate: noisy items answering the true answer after patching the top-K neurons.
-        restore_rate_random: same with K random neurons (control).
+        restore_rate_random: same with K random neurons (control; mean over ``n_random`` draws).
+        restore_rate_random_matched: same with K neurons drawn from attribution ranks [K, 4K) (mean).
+        restore_gain: restore_rate - true_before (what the patch adds).
+        restore_gain_net: restore_gain minus the larger random-control gain (the headline).
         memorized_after, memorized_before: noisy-label EM with and without the top-K patch.
         true_before: noisy items already answering the true answer without a patch.
         clean_em_before, clean_em_after: held-out clean EM without and with the top-K patch.
@@ -109,6 +118,10 @@ class OutlierNeuronResult:
     z_noisy_by_neuron: list[float]
     restore_rate: float
     restore_rate_random: float
+    restore_rate_random_matched: float
+    restore_rate_random_draws: list[float]
+    restore_gain: float
+    restore_gain_net: float
     memorized_before: float
     memorized_after: float
     true_before: float
@@ -130,7 +143,7 @@ def outlier_neuron_analysis(
     model: nn.Module, hook: str, ranking: Tensor, k: int, positions: list[int], answer_start: int,
     answer_len: int, clean_ids: Tensor, clean_features: Tensor, heldout_ids: Tensor, heldout_features: Tensor,
     noisy_ids: Tensor, noisy_true_ids: Tensor, noisy_features: Tensor, noisy_diff_pos: Tensor, n_values: int,
-    seed: int = 0,
+    seed: int = 0, n_random: int = 5,
 ) -> OutlierNeuronResult:  # fmt: skip
     """Run steps 2-5 of the module docstring for fixed-length answers (FDA).
 
@@ -143,11 +156,15 @@ def outlier_neuron_analysis(
         heldout_ids / heldout_features: held-out clean items (z baseline and clean-EM control).
         noisy_ids / noisy_true_ids: noisy items with their noisy / true answers; noisy_features (m, n_pos).
         noisy_diff_pos: (m,) index into ``positions`` of the first answer token where labels differ.
+        n_random: draws of each random-neuron control.
     """
     stats = conditional_stats(neuron_acts(model, clean_ids, hook, positions), clean_features, n_values)
     top = ranking.topk(k).indices
     gen = torch.Generator().manual_seed(seed)
-    rand = torch.randperm(ranking.shape[0], generator=gen)[:k]
+    d_mlp = ranking.shape[0]
+    rands = [torch.randperm(d_mlp, generator=gen)[:k] for _ in range(n_random)]
+    pool = ranking.argsort(descending=True)[k:min(4 * k, d_mlp)]
+    matched = [pool[torch.randperm(len(pool), generator=gen)[:k]] for _ in range(n_random)] if len(pool) else []
 
     def zscores(ids: Tensor, feats: Tensor, at: Tensor) -> Tensor:
         acts = neuron_acts(model, ids, hook, positions)
@@ -165,13 +182,21 @@ def outlier_neuron_analysis(
         return [(hook, patch_to_conditional_mean(positions, neurons, mu[..., neurons]))]
 
     em = lambda ids, h=(): _em(model, ids, answer_start, answer_len, h).float().mean().item()  # noqa: E731
+    true_before = em(noisy_true_ids)
+    restore = em(noisy_true_ids, patch_hooks(top, noisy_features))
+    draws = [em(noisy_true_ids, patch_hooks(r, noisy_features)) for r in rands]
+    draws_m = [em(noisy_true_ids, patch_hooks(r, noisy_features)) for r in matched]
+    rand_mean = sum(draws) / len(draws) if draws else float("nan")
+    matched_mean = sum(draws_m) / len(draws_m) if draws_m else float("nan")
+    null = max(v for v in (rand_mean, matched_mean, true_before) if v == v)  # NaN-safe max
     return OutlierNeuronResult(
         hook=hook, neurons=top.tolist(),
         z_noisy_abs=z_noisy.abs().mean().item(), z_clean_abs=z_clean.abs().mean().item(),
         z_noisy_by_neuron=z_noisy.mean(0).round(decimals=4).tolist(),
-        restore_rate=em(noisy_true_ids, patch_hooks(top, noisy_features)),
-        restore_rate_random=em(noisy_true_ids, patch_hooks(rand, noisy_features)),
+        restore_rate=restore, restore_rate_random=rand_mean, restore_rate_random_matched=matched_mean,
+        restore_rate_random_draws=[round(v, 4) for v in draws + draws_m],
+        restore_gain=restore - true_before, restore_gain_net=restore - null,
         memorized_before=em(noisy_ids), memorized_after=em(noisy_ids, patch_hooks(top, noisy_features)),
-        true_before=em(noisy_true_ids),
+        true_before=true_before,
         clean_em_before=em(heldout_ids), clean_em_after=em(heldout_ids, patch_hooks(top, heldout_features)),
     )  # fmt: skip

@@ -31,6 +31,7 @@ class FDAConfig:
 
     n_train: int = field(default=20000, metadata={"help": "training pairs"})
     n_test: int = field(default=2000, metadata={"help": "clean held-out test pairs"})
+    n_val: int = field(default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)"})
     noise_rate: float = field(default=0.05, metadata={"help": "share of training items with a wrong label"})
     noise_mode: str = field(default="uniform", metadata={"help": "uniform | digit"})
     digit_order: str = field(default="reversed", metadata={"help": "answer digit order: reversed | plain"})
@@ -87,13 +88,14 @@ def generate_fda(cfg: FDAConfig, seed: int) -> Dataset:
     """Generate the FDA dataset deterministically from ``seed``.
 
     Returns:
-        a :class:`Dataset` with splits ``train`` (n_train items, ``round(noise_rate * n_train)`` noisy) and
-        ``test`` (n_test clean items).
+        a :class:`Dataset` with splits ``train`` (n_train items, ``round(noise_rate * n_train)`` noisy),
+        ``test`` (n_test clean items) and, when ``n_val > 0``, ``val`` (n_val clean items, disjoint from both
+        under swap; used only by the stopping rule, so the reported test EM is not selected on).
     """
     rng = np.random.default_rng(seed)
     pairs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
-    need = cfg.n_train + cfg.n_test
+    need = cfg.n_train + cfg.n_test + cfg.n_val
     while len(pairs) < need:
         a, b = (int(x) for x in rng.integers(0, 10000, size=2))
         if (a, b) in seen or (b, a) in seen:  # unordered uniqueness keeps train/test disjoint under swap
@@ -102,9 +104,9 @@ def generate_fda(cfg: FDAConfig, seed: int) -> Dataset:
         pairs.append((a, b))
     n_noisy = round(cfg.noise_rate * cfg.n_train)
     noisy_idx = set(rng.choice(cfg.n_train, size=n_noisy, replace=False).tolist())
-    splits: dict[str, list[Item]] = {"train": [], "test": []}
+    splits: dict[str, list[Item]] = {"train": [], "test": []} | ({"val": []} if cfg.n_val else {})
     for i, (a, b) in enumerate(pairs):
-        split = "train" if i < cfg.n_train else "test"
+        split = "train" if i < cfg.n_train else "test" if i < cfg.n_train + cfg.n_test else "val"
         true_sum = a + b
         label = _noisy_label(true_sum, cfg, rng) if i in noisy_idx else true_sum
         splits[split].append(Item(

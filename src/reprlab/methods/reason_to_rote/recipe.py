@@ -17,13 +17,15 @@ Pipeline (each step a resumable stage): data -> train (checkpoints, dynamics) ->
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from reprlab.errors import ConfigError
 from reprlab.methods.reason_to_rote import analyses as A
-from reprlab.methods.reason_to_rote.dataset import Vocab, load_dataset, tensorize
+from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
@@ -51,6 +53,8 @@ class AnalysisConfig:
     circuit_top_frac: float = field(default=0.02, metadata={"help": "share of nodes kept in a circuit"})
     neuron_k: int = field(default=16, metadata={"help": "top neurons patched back"})
     neuron_layer: int = field(default=-1, metadata={"help": "MLP layer for the neuron analysis (-1 = last)"})
+    neuron_random_draws: int = field(default=5, metadata={"help": "draws of each random-neuron control"})
+    circuit_nulls: int = field(default=3, metadata={"help": "unrelated-metric circuits (the IoU null)"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class Config:
     seed: int = field(default=0, metadata={"help": "seed for data, init and batch order"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    control: bool = field(default=False, metadata={
+        "help": "0%-noise control [ours]: train on the true label of every item; the items that the same seed "
+                "makes noisy keep their noisy labels for the analyses only (the matched null of every column)"})  # fmt: skip
     task: FDAConfig = field(default_factory=FDAConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -71,6 +78,38 @@ def _load_data(cfg: Config, run):
     return ds, Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
 
 
+def dynamics_summary(rows: list[dict], threshold: float = 0.5) -> dict:
+    """Generalise-then-memorise statistics from the logged dynamics (``metrics.jsonl`` rows) [ours].
+
+    ``peak_noisy_true_answer``: the highest true-answer rate on noisy items before memorisation first reaches
+    ``threshold``; ``step_peak_noisy_true``: where it was; ``step_memorized_half``: the first step with
+    memorisation >= ``threshold`` (absent when never reached). Generalise-then-memorise means the peak is
+    high and comes first.
+    """
+    rows = [r for r in rows if "noisy_memorized" in r and r["noisy_memorized"] == r["noisy_memorized"]]
+    if not rows:
+        return {}
+    half = next((r["step"] for r in rows if r["noisy_memorized"] >= threshold), None)
+    before = [r for r in rows if half is None or r["step"] < half] or rows[:1]
+    peak = max(before, key=lambda r: r["noisy_true_answer"])
+    out = {"peak_noisy_true_answer": peak["noisy_true_answer"], "step_peak_noisy_true": peak["step"]}
+    if half is not None:
+        out["step_memorized_half"] = half
+    return out
+
+
+def _metrics_rows(run) -> list[dict]:
+    path = run.dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def preflight(cfg: Config) -> None:
+    """Fail before the run folder exists when the config cannot give noisy items to analyse."""
+    if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:
+        raise ConfigError("control=true needs task.noise_rate > 0: the noisy items are what the control is "
+                          "compared on (it trains on their true labels)")  # fmt: skip
+
+
 def run(cfg: Config, run) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -78,11 +117,11 @@ def run(cfg: Config, run) -> dict:
     ds, vocab = _load_data(cfg, run)
     train_items, test_items = ds.splits["train"], ds.splits["test"]
     train_set, test = tensorize(train_items, vocab), tensorize(test_items, vocab)
+    val = tensorize(ds.splits["val"], vocab) if "val" in ds.splits else None
     clean_items = [it for it in train_items if not it.noisy]
     noisy_items = [it for it in train_items if it.noisy]
-    if not noisy_items:
-        raise ValueError("the FDA training split has no noisy items; the analyses need noise_rate > 0")
-    clean_all, noisy = tensorize(clean_items, vocab), tensorize(noisy_items, vocab)
+    clean_all = tensorize(clean_items, vocab)
+    noisy = tensorize(noisy_items, vocab) if noisy_items else None
 
     torch.manual_seed(cfg.seed)
     mc = cfg.model
@@ -90,19 +129,34 @@ def run(cfg: Config, run) -> dict:
                      n_heads=mc.n_heads, d_mlp=mc.d_mlp)  # fmt: skip
     model = GPT(gcfg)
     random_model = GPT(gcfg).eval()  # same init distribution, untrained: the probe control
-    tr = train(model, train_set, test, cfg.train, run, cfg.seed)
+    if cfg.control:  # true labels everywhere; track the (never seen) noisy labels of the same items
+        fit_set = Batch(train_set.ids_true, train_set.ids_true, train_set.answer_start, train_set.answer_len,
+                        torch.zeros_like(train_set.noisy))  # fmt: skip
+        tr = train(model, fit_set, test, cfg.train, run, cfg.seed, val=val, eval_noisy=noisy)
+    else:
+        tr = train(model, train_set, test, cfg.train, run, cfg.seed, val=val)
     model.to(run.device).eval()
     random_model.to(run.device)
 
     def final_eval() -> dict:
-        m = evaluate(model, test, clean_all, noisy, run.device)
+        m = evaluate(model, test, clean_all, noisy if noisy is not None else clean_all, run.device)
         hard = [i for i, it in enumerate(test_items) if cascading_carry(it)]
         hard_em = answer_matches(model, test.ids[hard], test.select(torch.tensor(hard))).all(1).float().mean().item() if hard else float("nan")
         return {**asdict(m), "cascading_carry_test_em": hard_em, "n_cascading": len(hard),
-                "steps": tr.step, "train_seconds": round(tr.seconds, 1)}  # fmt: skip
+                "steps": tr.step, "train_seconds": round(tr.seconds, 1), "stopped_early": tr.stopped_early}  # fmt: skip
 
     final = run.stage("final_eval", final_eval)
     run.save_json("analysis/final_eval.json", final)
+    dyn = run.stage("dynamics", lambda: dynamics_summary(_metrics_rows(run)))
+    head = {
+        "clean_test_em": final["clean_test_em"], "clean_train_em": final["clean_train_em"],
+        "cascading_carry_test_em": final["cascading_carry_test_em"], **dyn,
+        "steps": final["steps"], "stopped_early": int(final["stopped_early"]),
+        "train_seconds": final["train_seconds"], "n_train": len(train_items), "control": int(cfg.control),
+    }  # fmt: skip
+    if noisy is None:  # 0% noise without control: nothing to compare memorisation on
+        run.logger.info("no noisy items (task.noise_rate=0): dynamics and final evaluation only")
+        return head
 
     n_probe = min(cfg.analysis.probe_items, len(clean_items))
     probe_items = clean_items[:n_probe]
@@ -117,36 +171,44 @@ def run(cfg: Config, run) -> dict:
     stage("logit_lens", lambda: A.run_logit_lens(model, noisy))
     stage("lens_over_training", lambda: A.run_lens_over_training(model, run.checkpoints("snapshots"), noisy))
     probes = stage("probes", lambda: A.run_probes(model, random_model, probe_set, probe_items, test, test_items,
-                                                  noisy, noisy_items, cfg.seed))  # fmt: skip
+                                                  noisy, noisy_items, cfg.seed, cfg.task.digit_order))  # fmt: skip
     inlp_res = stage("inlp", lambda: A.run_inlp(model, probes, probe_set, probe_items, test, noisy, an.inlp_iters,
                                                 cfg.seed))  # fmt: skip
 
     def circuits() -> dict:
-        summary, scores = A.run_circuits(model, clean_all, noisy, an.circuit_top_frac, an.circuit_items, cfg.seed)
+        summary, scores = A.run_circuits(model, clean_all, noisy, an.circuit_top_frac, an.circuit_items, cfg.seed,
+                                         an.circuit_nulls)  # fmt: skip
         return {**summary, "memorization_scores": scores}
 
     circ = stage("circuits", circuits)
     layer = an.neuron_layer % mc.n_layers
     neurons = stage("neurons", lambda: A.run_neurons(model, circ["memorization_scores"], probe_set, probe_items,
                                                      test, test_items, noisy, noisy_items, cfg.task.digit_order,
-                                                     an.neuron_k, layer, cfg.seed))  # fmt: skip
+                                                     an.neuron_k, layer, cfg.seed, an.neuron_random_draws))  # fmt: skip
     return {
-        "clean_test_em": final["clean_test_em"], "clean_train_em": final["clean_train_em"],
+        **head,
         "noisy_memorized": final["noisy_memorized"], "noisy_true_answer": final["noisy_true_answer"],
-        "cascading_carry_test_em": final["cascading_carry_test_em"],
         "probe_carry_acc_clean": probes["carry_acc_clean"], "probe_carry_acc_noisy": probes["carry_acc_noisy"],
         "probe_carry_acc_noisy_shared_prefix": probes.get("carry_acc_noisy_shared_prefix", float("nan")),
         "probe_carry_acc_random_model": probes["carry_acc_random_model"],
+        "probe_carry_acc_shuffled": probes["carry_acc_shuffled"],
+        "probe_carry_selectivity": probes["carry_selectivity"],
         "inlp_memorization_drop": inlp_res["memorization_drop"], "inlp_random_drop": inlp_res["random_memorization_drop"],
         "inlp_clean_drop": inlp_res["clean_drop"], "inlp_random_clean_drop": inlp_res["random_clean_drop"],
         "circuit_iou": circ["iou"], "circuit_iou_random": circ["iou_random_baseline"],
+        "circuit_iou_null_unrelated": circ["iou_null_unrelated"],
+        "circuit_iou_null_unrelated_pair": circ["iou_null_unrelated_pair"],
+        "circuit_iou_excess": circ["iou_excess"],
         "circuit_faithfulness_mem": circ["faithfulness_memorization"],
         "circuit_faithfulness_gen": circ["faithfulness_generalization"],
+        "circuit_faithfulness_mem_with_gen": circ["faithfulness_memorization_with_generalization_circuit"],
         "neuron_patch_restore_rate": neurons["restore_rate"],
         "neuron_patch_restore_rate_random": neurons["restore_rate_random"],
+        "neuron_patch_restore_rate_random_matched": neurons["restore_rate_random_matched"],
+        "neuron_true_before": neurons["true_before"],
+        "neuron_restore_gain": neurons["restore_gain"], "neuron_restore_gain_net": neurons["restore_gain_net"],
         "neuron_z_noisy": neurons["z_noisy_abs"], "neuron_z_clean": neurons["z_clean_abs"],
-        "steps": final["steps"], "train_seconds": final["train_seconds"],
-        "n_noisy": len(noisy_items), "n_train": len(train_items),
+        "n_noisy": len(noisy_items),
     }  # fmt: skip
 
 

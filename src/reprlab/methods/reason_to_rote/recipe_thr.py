@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from reprlab.errors import DataError
 from reprlab.hooks import hooks
 from reprlab.interp.inlp import inlp, project_out_hook, random_projection
 from reprlab.interp.logit_lens import logit_lens, residual_names
@@ -52,6 +53,13 @@ class Config:
     inlp_max_rank: int = field(default=16, metadata={"help": "cap on removed INLP directions (multi-class)"})
 
 
+def thr_selection_split(n: int, seed: int, frac: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """(select, fit) indices of the clean training questions: ``frac`` of them choose the probe cell only."""
+    perm = np.random.default_rng(seed + 11).permutation(n)
+    k = max(1, int(round(frac * n)))
+    return np.sort(perm[:k]), np.sort(perm[k:])
+
+
 def _em(model, batch, ids, fwd=()) -> float:
     with hooks(model, list(fwd)):
         return answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
@@ -70,7 +78,7 @@ def run(cfg: Config, run) -> dict:
     clean_q = [it for it in train_items if it.kind == "two_hop" and not it.noisy]
     noisy_items = [it for it in train_items if it.noisy]
     if not noisy_items:
-        raise ValueError("the THR training split has no noisy questions; the analyses need noise_rate > 0")
+        raise DataError("the THR training split has no noisy questions; the analyses need task.noise_rate > 0")
     train_set, test = tensorize(train_items, vocab), tensorize(test_items, vocab)
     facts_b, clean_b, noisy = tensorize(facts, vocab), tensorize(clean_q, vocab), tensorize(noisy_items, vocab)
 
@@ -104,20 +112,29 @@ def run(cfg: Config, run) -> dict:
     person = {p: i for i, p in enumerate(ds.manifest["people"])}
 
     def probes() -> dict:
-        acts = {n: collect(model, b.ids, names, positions) for n, b in (("train", clean_b), ("test", test), ("noisy", noisy))}
-        ys = {n: np.array([person[it.meta["bridge"]] for it in items]) for n, items in
-              (("train", clean_q), ("test", test_items), ("noisy", noisy_items))}  # fmt: skip
-        grid = probe_grid("bridge", acts["train"], ys["train"], {"noisy": (acts["noisy"], ys["noisy"]),
-                          "heldout_test": (acts["test"], ys["test"])}, layers, positions, seed=cfg.seed)  # fmt: skip
-        li, pi = grid.best
+        # [ours, issue 12] the cell is chosen on clean training questions held out from the probe's fit
+        # (``select``), disjoint from the noisy questions and held-out test questions it is reported on
+        sel_idx, fit_idx = thr_selection_split(len(clean_q), cfg.seed)
+        fit_b, sel_b = clean_b.select(torch.as_tensor(fit_idx)), clean_b.select(torch.as_tensor(sel_idx))
+        acts = {n: collect(model, b.ids, names, positions) for n, b in
+                (("train", fit_b), ("select", sel_b), ("test", test), ("noisy", noisy))}  # fmt: skip
+        bridge = np.array([person[it.meta["bridge"]] for it in clean_q])
+        ys = {"train": bridge[fit_idx], "select": bridge[sel_idx]}
+        ys |= {n: np.array([person[it.meta["bridge"]] for it in items]) for n, items in
+               (("test", test_items), ("noisy", noisy_items))}  # fmt: skip
+        grid = probe_grid("bridge", acts["train"], ys["train"], {"select": (acts["select"], ys["select"]),
+                          "noisy": (acts["noisy"], ys["noisy"]), "heldout_test": (acts["test"], ys["test"])},
+                          layers, positions, seed=cfg.seed)  # fmt: skip
+        li, pi = grid.best  # argmax over the first evaluation set: ``select``
         # control: the same probe on an untrained model of the same shape (entity identity alone)
         torch.manual_seed(cfg.seed + 1)
         rand = GPT(model.cfg).to(run.device).eval()
-        ra = {n: collect(rand, b.ids, [names[li]], [positions[pi]]) for n, b in (("train", clean_b), ("noisy", noisy))}
+        ra = {n: collect(rand, b.ids, [names[li]], [positions[pi]]) for n, b in (("train", fit_b), ("noisy", noisy))}
         rgrid = probe_grid("bridge", ra["train"], ys["train"], {"noisy": (ra["noisy"], ys["noisy"])},
                            layers[li:li + 1], positions[pi:pi + 1], seed=cfg.seed, shuffle_control=False)  # fmt: skip
         return {**grid.to_json(), "best_layer": layers[li], "best_position": positions[pi],
                 "acc_noisy_random_model": float(rgrid.acc["noisy"][0, 0]),
+                "acc_select": float(grid.acc["select"][li, pi]), "n_select": len(sel_idx),
                 "acc_noisy": float(grid.acc["noisy"][li, pi]), "acc_heldout": float(grid.acc["heldout_test"][li, pi]),
                 "acc_shuffled": float(grid.acc_shuffled[li, pi]),
                 "n_classes_train": int(len(np.unique(ys["train"])))}  # fmt: skip
@@ -126,7 +143,7 @@ def run(cfg: Config, run) -> dict:
     run.save_json("analysis/probes.json", pr)
 
     def inlp_stage() -> dict:
-        # the probe's best cell is chosen on noisy items, so INLP targets where the bridge is decodable there
+        # INLP targets the probe's cell, chosen on held-out clean questions (not on the noisy ones it is scored on)
         li, pi = layers.index(pr["best_layer"]), positions.index(pr["best_position"])
         li = max(li, 1)  # the embedding layer holds no computed bridge
         x = collect(model, clean_b.ids, [names[li]], [positions[pi]])[0, :, 0].numpy()
