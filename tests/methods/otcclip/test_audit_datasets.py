@@ -97,3 +97,69 @@ def test_audit_ranks_the_swapped_pairs_first_and_writes_reports(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "out" / "flagged.csv")))
     assert {rows[0]["index"], rows[1]["index"]} == {"4", "8"} and rows[0]["flagged"] == "1"
     assert "data:image/png;base64" in (tmp_path / "out" / "audit.html").read_text()
+
+
+def _two_images(tmp_path):
+    (tmp_path / "a.png").write_bytes(_png(80))
+    (tmp_path / "b.png").write_bytes(_png(160))
+
+
+def test_csv_caption_over_128_kib_is_counted_and_skipped_not_a_crash(tmp_path):
+    _two_images(tmp_path)
+    huge = "word " * 30_000  # 150 KB: above the csv module's default field limit (131072)
+    (tmp_path / "p.csv").write_text(f'image,caption\na.png,a dog\nb.png,"{huge}"\nb.png,a bag\n')
+    limit = csv.field_size_limit()
+    pairs, _, rep = load_pairs(tmp_path / "p.csv", image_size=28)
+    assert pairs.captions == ["a dog", "a bag"] and dict(rep.skipped) == {"caption_too_long": 1}
+    assert csv.field_size_limit() == limit  # the process-global csv limit is restored
+
+
+def test_non_utf8_byte_in_the_header_keeps_every_row_parsed(tmp_path):
+    _two_images(tmp_path)
+    # a stray latin-1 byte in an unrelated third column name; before, the header line was dropped and
+    # the first data row became the header
+    lines = [b"image,caption,not\xe9s", b"a.png,a dog,x", b"b.png,a bag,y"]
+    (tmp_path / "p.csv").write_bytes(b"\n".join(lines))
+    pairs, _, rep = load_pairs(tmp_path / "p.csv", image_size=28)
+    assert pairs.captions == ["a dog", "a bag"] and not rep.skipped
+    assert len(rep.notes) == 1 and "p.csv:1" in rep.notes[0]
+
+
+def test_missing_or_misnamed_columns_name_the_file_and_the_expected_columns(tmp_path):
+    from reprlab.errors import ConfigError, DataError
+
+    _two_images(tmp_path)
+    (tmp_path / "nocap.csv").write_text("image,label\na.png,3\n")
+    with pytest.raises(DataError, match=r"nocap.csv: no caption column.*'caption', 'text', 'title'"):
+        load_pairs(tmp_path / "nocap.csv")
+    (tmp_path / "wrong.csv").write_text("img,desc\na.png,a dog\n")
+    with pytest.raises(DataError, match=r"wrong.csv: no image and caption column.*\['img', 'desc'\].*'image'"):
+        load_pairs(tmp_path / "wrong.csv")
+    # JSONL rows are judged one by one: a row without a caption key is missing_caption, not empty_caption
+    rows = [{"image": "a.png", "caption": "a dog"}, {"image": "b.png"}, {"image": "b.png", "caption": " "}, {}]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    _, _, rep = load_pairs(tmp_path / "p.jsonl", image_size=28)
+    assert dict(rep.skipped) == {"missing_caption": 1, "empty_caption": 1, "missing_image_path": 1}
+    (tmp_path / "short.csv").write_text("image,caption\na.png,a dog\nb.png\n")
+    _, _, rep = load_pairs(tmp_path / "short.csv", image_size=28)
+    assert dict(rep.skipped) == {"short_row": 1}
+    with pytest.raises(ConfigError, match="max_items"):
+        load_pairs(tmp_path / "short.csv", max_items=0)
+    with pytest.raises(DataError, match="glob"):
+        load_pairs(tmp_path / "none-*.tar")
+
+
+def test_audit_options_are_validated_with_a_clear_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip.audit import validate_options
+    from reprlab.methods.otcclip.cli import app
+
+    _two_images(tmp_path)
+    (tmp_path / "p.csv").write_text("image,caption\na.png,a dog\n")
+    res = CliRunner().invoke(app, ["audit", str(tmp_path / "p.csv"), "--top-k", "0", "--hf-model", "x"])
+    assert isinstance(res.exception, ConfigError) and "--top-k must be >= 1" in str(res.exception)
+    for kw, opt in ((dict(alpha=1.5), "--alpha"), (dict(top=-1), "--top"), (dict(max_items=0), "--max-items")):
+        with pytest.raises(ConfigError, match=opt):
+            validate_options(**kw)

@@ -16,6 +16,7 @@ import csv
 import html
 import io
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +24,9 @@ import numpy as np
 import torch
 import yaml
 
+from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.evaluate import to_input
-from reprlab.methods.otcclip.losses import OTConfig, ot_distances
+from reprlab.methods.otcclip.losses import OTConfig, ot_solve
 from reprlab.methods.otcclip.matching import otc_rematch
 from reprlab.methods.otcclip.mosaic import PairSet
 
@@ -32,13 +34,34 @@ from reprlab.methods.otcclip.mosaic import PairSet
 @dataclass
 class AuditResult:
     """Per pair (length N): ``score`` margin, ``cos`` own cosine, ``ot`` own OT distance, ``suggested``
-    caption index into the dataset, ``flagged`` bool."""
+    caption index into the dataset, ``flagged`` bool. ``ot_max_marginal_error`` and ``ot_converged_share``
+    summarise every OT solve of the audit (own captions and candidates)."""
 
     score: np.ndarray
     cos: np.ndarray
     ot: np.ndarray
     suggested: np.ndarray
     flagged: np.ndarray
+    ot_max_marginal_error: float = float("nan")
+    ot_converged_share: float = float("nan")
+
+
+def validate_options(
+    top: int = 50, top_k: int = 16, alpha: float = 0.5, max_items: int | None = None
+) -> None:
+    """Reject audit options that cannot work, naming the CLI option.
+
+    Raises:
+        ConfigError: ``--top-k`` < 1, ``--alpha`` outside [0, 1], ``--top`` < 0, ``--max-items`` < 1.
+    """
+    if top_k < 1:
+        raise ConfigError(f"--top-k must be >= 1 (captions shortlisted per image); got {top_k}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"--alpha must be in [0, 1] (S = alpha cos - (1 - alpha) OT); got {alpha}")
+    if top < 0:
+        raise ConfigError(f"--top must be >= 0 (pairs shown in the HTML report); got {top}")
+    if max_items is not None and max_items < 1:
+        raise ConfigError(f"--max-items must be >= 1 (or omitted for all pairs); got {max_items}")
 
 
 @torch.no_grad()
@@ -62,6 +85,7 @@ def audit_pairs(
         top_k, alpha, ot: re-matching settings (as in training).
         pool_size: captions in the candidate pool (a seeded random subset when N is larger).
     """
+    validate_options(top_k=top_k, alpha=alpha)
     ot = ot or OTConfig()
     was = model.training
     model.eval()
@@ -82,14 +106,21 @@ def audit_pairs(
         tt.append(f.tokens)
     pool_g, pool_t, pool_m = torch.cat(tg), torch.cat(tt), mask[pool_idx].to(dev)
     out = {k: [] for k in ("score", "cos", "ot", "suggested")}
+    errs, conv = [], []
     for s in range(0, n, batch_size):
         rows = slice(s, min(n, s + batch_size))
         img = model.encode_image(to_input(pairs.images[rows]).to(dev))
         txt = model.encode_text(ids[rows].to(dev), mask[rows].to(dev))
         cos = (img.global_ * txt.global_).sum(-1)
-        d = ot_distances(img.patches, txt.tokens, img.mask, txt.mask, ot)
+        own_ot = ot_solve(
+            img.patches, txt.tokens, img.mask, txt.mask, ot, matching=True
+        )  # solved like the candidates
+        d = own_ot.cost
         own = alpha * cos - (1 - alpha) * d
         match = otc_rematch(img.global_, img.patches, pool_g, pool_t, pool_m, top_k, alpha, ot, img.mask)
+        for r in (own_ot, match.ot_result):
+            errs.append(float(r.marginal_error.max()))
+            conv.append(r.converged.cpu())
         out["score"].append((match.score - own).cpu())
         out["cos"].append(cos.cpu())
         out["ot"].append(d.cpu())
@@ -98,7 +129,17 @@ def audit_pairs(
     res = {k: torch.cat(v).numpy() for k, v in out.items()}
     caps = np.asarray(pairs.captions, dtype=object)
     different = caps[res["suggested"]] != caps
-    return AuditResult(res["score"], res["cos"], res["ot"], res["suggested"], different & (res["score"] > 0))
+    err, share = max(errs), float(torch.cat(conv).float().mean())
+    if share < 1 and ot.match_tol is not None:
+        warnings.warn(
+            f"audit: {1 - share:.1%} of the OT solves stayed above match_tol {ot.match_tol:g} (largest "
+            f"marginal error {err:.2e}); scores near 0 may be unreliable",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return AuditResult(
+        res["score"], res["cos"], res["ot"], res["suggested"], different & (res["score"] > 0), err, share
+    )
 
 
 def precision_recall(result: AuditResult, is_poison: np.ndarray, top: int | None = None) -> dict[str, float]:
@@ -224,8 +265,11 @@ def main(
     """
     from reprlab.methods.otcclip.datasets import load_pairs
 
+    validate_options(top, top_k, alpha, max_items)
     if (run_dir is None) == (hf_model is None):
-        raise ValueError("give exactly one of run_dir (an otcclip run folder) or hf_model (a CLIP id/folder)")
+        raise ConfigError(
+            "give exactly one of run_dir (an otcclip run folder) or hf_model (a CLIP id/folder)"
+        )
     if run_dir is not None:
         model, tok, cfg = load_run_model(run_dir, defense)
         size, channels, ot = cfg.model.image_size, 3 if cfg.data.tint else 1, cfg.defense.ot
@@ -234,6 +278,15 @@ def main(
         size, channels, ot = model.image_size, 3, OTConfig()
     pairs, names, report = load_pairs(data, image_size=size, channels=channels, max_items=max_items)
     result = audit_pairs(model, tok, pairs, top_k=top_k, alpha=alpha, ot=ot)
-    extra = {"source": str(data), **report.as_summary("data")}
+    ot_diag = {
+        "ot_max_marginal_error": result.ot_max_marginal_error,
+        "ot_converged_share": result.ot_converged_share,
+    }
+    extra = {"source": str(data), **report.as_summary("data"), **ot_diag, "data_notes": report.notes}
     write_outputs(Path(out), pairs, names, result, top, extra)
-    return {"n_pairs": len(pairs), "n_flagged": int(result.flagged.sum()), **report.as_summary("data")}
+    return {
+        "n_pairs": len(pairs),
+        "n_flagged": int(result.flagged.sum()),
+        **report.as_summary("data"),
+        **ot_diag,
+    }

@@ -8,9 +8,16 @@ Accepted layouts:
 * webdataset tar shards (one ``.tar``, a folder of them, or a glob): members sharing a key, an image
   (``.jpg/.jpeg/.png/.webp``) plus a caption (``.txt``, or ``.json`` with a ``caption`` field).
 
-Bad items never crash a run mid-way: unreadable or missing images, empty captions, non-UTF-8 text and
-malformed rows are counted per reason and skipped, and the counts go to the run summary. A dataset with
-nothing valid fails at once with an error naming the file.
+Bad items never crash a run mid-way: each is counted under its reason and skipped, and the counts go to the
+run summary. Reasons: ``missing_image`` (file absent or no image member), ``unreadable_image``,
+``missing_image_path`` (empty path field / no path key), ``missing_caption`` (no caption field, member or
+key), ``empty_caption``, ``caption_too_long`` (over :data:`MAX_CAPTION_CHARS`), ``non_utf8`` (a line or
+caption that is not UTF-8), ``bad_row`` (unparsable CSV line or JSON), ``short_row`` (a CSV row with fewer
+fields than the caption/image column), ``unreadable_shard``. File-level problems raise
+:class:`reprlab.errors.DataError` naming the file: no recognised image or caption column in a CSV/TSV header
+(the message lists the expected names and the ones found), an empty file, an unsupported format, or nothing
+valid at all. A header line that is not UTF-8 is decoded with replacement characters (noted in
+``LoadReport.notes``) rather than dropped, so the rows keep their columns.
 """
 
 from __future__ import annotations
@@ -27,7 +34,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from reprlab.errors import ConfigError, DataError
 from reprlab.methods.otcclip.mosaic import PairSet, SignatureIndex
+
+# [ours] a caption longer than this is not a caption (the csv module's default field limit, 128 KiB)
+MAX_CAPTION_CHARS = 128 * 1024
+
+
+class DataMissingError(DataError, FileNotFoundError):
+    """A dataset path that does not exist (a :class:`DataError` that ``except FileNotFoundError`` catches)."""
+
 
 IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 IMAGE_COLS, CAPTION_COLS = ("image", "path", "file", "filepath", "filename"), ("caption", "text", "title")
@@ -41,6 +57,7 @@ class LoadReport:
     n_ok: int = 0
     skipped: Counter = field(default_factory=Counter)
     examples: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def skip(self, reason: str, item: str) -> None:
         self.skipped[reason] += 1
@@ -68,30 +85,79 @@ def _image(data: bytes | Path, size: int, channels: int) -> np.ndarray:
     return arr[None] if channels == 1 else arr.transpose(2, 0, 1)
 
 
-def _rows(path: Path, report: LoadReport) -> list[dict]:
-    """Decode a CSV/TSV/JSONL file line by line so one non-UTF-8 line costs one row, not the file."""
-    raw = path.read_bytes().splitlines()
-    lines = []
-    for n, b in enumerate(raw):
+def _lines(path: Path, report: LoadReport, header: bool) -> list[tuple[int, str]]:
+    """``(line number, text)`` of a CSV/TSV/JSONL file, decoded line by line so one non-UTF-8 line costs one
+    row, not the file. A header line (``header=True``) is never dropped: bytes that are not UTF-8 become
+    U+FFFD, and if that damages a column name, the missing-column error shows it."""
+    out = []
+    for n, b in enumerate(path.read_bytes().splitlines(), start=1):
+        if n == 1 and b.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark (Excel exports)
+            b = b[3:]
         try:
-            lines.append(b.decode("utf-8"))
+            out.append((n, b.decode("utf-8")))
         except UnicodeDecodeError:
-            report.skip("non_utf8", f"{path.name}:{n + 1}")
-    if path.suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(lines):
+            if header and not out:
+                out.append((n, b.decode("utf-8", errors="replace")))
+                report.notes.append(f"{path.name}:{n}: header line is not UTF-8; undecodable bytes replaced")
+            else:
+                report.skip("non_utf8", f"{path.name}:{n}")
+    return out
+
+
+def _jsonl_rows(path: Path, report: LoadReport):
+    """Yield ``(item name, image path or None, caption or None)`` per JSON object line."""
+    for n, line in _lines(path, report, header=False):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            report.skip("bad_row", f"{path.name}:{n}")
+            continue
+        if not isinstance(obj, dict):
+            report.skip("bad_row", f"{path.name}:{n}")
+            continue
+        yield f"{path.name}:{n}", _pick(obj, IMAGE_COLS), _pick(obj, CAPTION_COLS)
+
+
+def _csv_rows(path: Path, report: LoadReport):
+    """Yield ``(item name, image path, caption)`` per CSV/TSV row.
+
+    Raises:
+        DataError: an empty file, or a header without a recognised image or caption column (the message
+            names the expected names and the ones found).
+    """
+    delim = "\t" if path.suffix == ".tsv" else ","
+    lines = _lines(path, report, header=True)
+    if not lines:
+        raise DataError(f"{path}: empty file; expected a header line with an image and a caption column")
+    header = [h.strip() for h in next(csv.reader([lines[0][1]], delimiter=delim))]
+    img_col = next((header.index(c) for c in IMAGE_COLS if c in header), None)
+    cap_col = next((header.index(c) for c in CAPTION_COLS if c in header), None)
+    if img_col is None or cap_col is None:
+        missing = " and ".join(k for k, c in (("image", img_col), ("caption", cap_col)) if c is None)
+        raise DataError(
+            f"{path}: no {missing} column in the header {header}; expected one of {list(IMAGE_COLS)} for the "
+            f"image path and one of {list(CAPTION_COLS)} for the caption",
+            hint="rename the header's columns (e.g. 'image,caption')",
+        )
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # long captions are counted as caption_too_long below, not a csv.Error
+    try:
+        for n, line in lines[1:]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError("not an object")
-                rows.append(obj)
-            except ValueError:
-                report.skip("bad_row", f"{path.name}:{n + 1}")
-        return rows
-    delim = "\t" if path.suffix == ".tsv" else ","
-    return list(csv.DictReader(lines, delimiter=delim))
+                fields = next(csv.reader([line], delimiter=delim))
+            except csv.Error:
+                report.skip("bad_row", f"{path.name}:{n}")
+                continue
+            if len(fields) <= max(img_col, cap_col):
+                report.skip("short_row", f"{path.name}:{n}")
+                continue
+            yield f"{path.name}:{n}", fields[img_col], fields[cap_col]
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _pick(row: dict, names: tuple[str, ...]) -> str | None:
@@ -141,16 +207,23 @@ def load_pairs(
         ``(pairs, image_names, report)``; ``pairs.sig`` groups identical captions.
 
     Raises:
-        FileNotFoundError: ``source`` does not exist. ValueError: nothing valid was found (the message
-        gives the skip counts).
+        DataMissingError: ``source`` does not exist (also a ``FileNotFoundError``). DataError: a file-level
+        problem (see the module docstring), or nothing valid was found (the message gives the skip counts).
+        ConfigError: ``max_items < 1``.
     """
     src = Path(source)
     report = LoadReport(str(source))
     images, captions, names = [], [], []
 
     def add(name: str, img_src, caption) -> None:
-        if caption is None or not str(caption).strip():
+        if caption is None:
+            report.skip("missing_caption", name)
+            return
+        if not str(caption).strip():
             report.skip("empty_caption", name)
+            return
+        if len(str(caption)) > MAX_CAPTION_CHARS:
+            report.skip("caption_too_long", name)
             return
         if img_src is None:
             report.skip("missing_image", name)
@@ -166,13 +239,17 @@ def load_pairs(
         captions.append(str(caption).strip())
         names.append(name)
 
+    if max_items is not None and max_items < 1:
+        raise ConfigError(f"max_items must be >= 1 (or None for all); got {max_items}")
     shards = sorted(glob.glob(str(source))) if any(c in str(source) for c in "*?[") else None
+    if shards is not None and not shards:
+        raise DataMissingError(f"dataset glob {source} matches no file")
     if shards is None and not src.exists():
-        raise FileNotFoundError(f"dataset {src} does not exist")
+        raise DataMissingError(f"dataset {src} does not exist")
     if shards is None and src.is_dir():
         shards = sorted(str(p) for p in src.glob("*.tar"))
         if not shards:
-            raise ValueError(f"{src} is a folder without .tar shards; pass a CSV/TSV/JSONL file or shards")
+            raise DataError(f"{src} is a folder without .tar shards; pass a CSV/TSV/JSONL file or shards")
     if shards is None and src.suffix == ".tar":
         shards = [str(src)]
     if shards is not None:
@@ -185,31 +262,35 @@ def load_pairs(
                     continue
                 if text.lstrip().startswith("{"):
                     try:
-                        text = json.loads(text).get("caption", "")
+                        obj = json.loads(text)
                     except ValueError:
                         report.skip("bad_row", name)
                         continue
+                    text = _pick(obj, CAPTION_COLS) if isinstance(obj, dict) else None
                 cap = text
             add(name, img, cap)
             if max_items and len(captions) >= max_items:
                 break
     elif src.suffix in (".csv", ".tsv", ".jsonl"):
         base = Path(root) if root else src.parent
-        for n, row in enumerate(_rows(src, report)):
-            path, cap = _pick(row, IMAGE_COLS), _pick(row, CAPTION_COLS)
-            if path is None:
-                report.skip("bad_row", f"{src.name}:{n + 2}")
+        rows = _jsonl_rows(src, report) if src.suffix == ".jsonl" else _csv_rows(src, report)
+        for item, path, cap in rows:
+            if path is None or not path.strip():
+                report.skip("missing_image_path", item)
                 continue
             add(path, base / path, cap)
             if max_items and len(captions) >= max_items:
                 break
     else:
-        raise ValueError(
+        raise DataError(
             f"{src}: unsupported dataset format {src.suffix!r}; use .csv/.tsv/.jsonl or .tar shards"
         )
     report.n_ok = len(captions)
     if not captions:
-        raise ValueError(f"{source}: no valid image-caption pairs (skipped: {dict(report.skipped)})")
+        raise DataError(
+            f"{source}: no valid image-caption pairs (skipped: {dict(report.skipped)})",
+            hint="; ".join(f"{r}: {item}" for r, item in report.examples[:3]) or None,
+        )
     sigs = SignatureIndex()
     sig = torch.tensor([sigs(frozenset({c.lower()})) for c in captions])
     n = len(captions)

@@ -274,6 +274,8 @@ def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> di
         "recall": flagged["recall"],
         "n_flagged": flagged["n_flagged"],
         "precision_at_n_poison": at_n["precision"],
+        "ot_max_marginal_error": res.ot_max_marginal_error,
+        "ot_converged_share": res.ot_converged_share,
     }
 
 
