@@ -5,6 +5,7 @@ import torch
 
 from reprlab.methods.norm_ic.compose import (
     ALL_COMPOSITIONS,
+    ICDS_MODES,
     compose,
     compose_all,
     fit_context,
@@ -27,7 +28,9 @@ def _padded(seqs):
     return x, mask
 
 
-@pytest.mark.parametrize("name", [c for c in ALL_COMPOSITIONS if c not in ("pooled", "scaled_c", "sif", "sif_pc")])
+@pytest.mark.parametrize(
+    "name", [c for c in ALL_COMPOSITIONS if c not in ("pooled", "scaled_c", "sif", "sif_pc")]
+)
 def test_single_subword_composes_to_itself(name):
     x = torch.randn(5, 1, 8)
     mask = torch.ones(5, 1, dtype=torch.bool)
@@ -124,3 +127,20 @@ def test_bad_inputs_raise_clear_errors():
         compose("median", x, torch.ones(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="mu"):
         compose("scaled_c", x, torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_two_readings_of_icds_avg():
+    """Ours (β = −½): ‖F‖² = ‖(x+y)/2‖². The ICDS code's compose_LM (β = +½): ‖F‖² = ‖(x−y)/2‖², same direction."""
+    torch.manual_seed(3)
+    x, y = torch.randn(5, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+    ours, ref = icds_pair(x, y, *ICDS_MODES["icds_avg"]), icds_pair(x, y, *ICDS_MODES["icds_avg_ref"])
+    assert ICDS_MODES["icds_avg"] == (0.25, -0.5) and ICDS_MODES["icds_avg_ref"] == (0.25, 0.5)
+    torch.testing.assert_close((ours * ours).sum(-1), (((x + y) / 2) ** 2).sum(-1))
+    torch.testing.assert_close((ref * ref).sum(-1), (((x - y) / 2) ** 2).sum(-1))
+    unit = (x + y) / (x + y).norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(ref / ref.norm(dim=-1, keepdim=True), unit)
+    assert icds_pair(x, x, *ICDS_MODES["icds_avg_ref"]).abs().max() < 1e-7  # F(x, x) = 0 under the reference
+    seq, mask = _padded([torch.randn(3, 8)])  # folded over three items through compose()
+    a, b, c = seq[0, :3].double()
+    f = icds_pair(icds_pair(a[None], b[None], 0.25, 0.5), c[None], 0.25, 0.5)
+    torch.testing.assert_close(compose("icds_avg_ref", seq.double(), mask), f)

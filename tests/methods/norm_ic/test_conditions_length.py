@@ -12,7 +12,10 @@ from reprlab.methods.norm_ic.length import curve_stats, natural_docs, prefix_gri
 def test_pmi_known_answer():
     docs = [["a", "b", "a", "b"], ["c", "a"]]
     pairs = cooccurrence_pmi(docs, ["a", "b", "c"], window=1, min_count=1)
-    got = {(int(a), int(b)): (float(c), float(v)) for a, b, c, v in zip(pairs.left, pairs.right, pairs.counts, pairs.pmi)}
+    got = {
+        (int(a), int(b)): (float(c), float(v))
+        for a, b, c, v in zip(pairs.left, pairs.right, pairs.counts, pairs.pmi)
+    }
     # window 1: position pairs (a,b),(b,a),(a,b) in doc 1 and (c,a) in doc 2 -> 4 position pairs, 6 tokens
     # p(a,b) = 3/4/2 (either order), p(a) = 3/6, p(b) = 2/6 -> PMI = ln(0.375 / (1/6))
     assert got[(0, 1)][0] == 3 and got[(0, 1)][1] == pytest.approx(math.log(0.375 * 6))
@@ -81,3 +84,18 @@ def test_context_kl_known_answer():
     assert kl[0] == pytest.approx(ref_a)
     assert kl[1] == pytest.approx(math.log(1 / q["a"]))
     assert np.isnan(kl[2]) and n.tolist() == [2, 1, 0]
+
+
+def test_aggregate_bootstraps_over_documents():
+    from reprlab.methods.norm_ic.length import aggregate
+
+    rng = np.random.default_rng(0)
+    vals = rng.normal(0.9, 0.05, 40)
+    out = aggregate([{"r2_len": v, "undefined": float("nan")} for v in vals], n_boot=2000, ci=0.95, seed=0)
+    assert out["r2_len"] == pytest.approx(vals.mean()) and out["r2_len_sd"] == pytest.approx(vals.std())
+    assert out["r2_len_lo"] < out["r2_len"] < out["r2_len_hi"]
+    # percentile bootstrap of a mean ≈ the normal interval ±1.96·sd/√n; 15% for 2000 resamples of 40 docs
+    assert out["r2_len_hi"] - out["r2_len_lo"] == pytest.approx(2 * 1.96 * vals.std() / np.sqrt(40), rel=0.15)
+    assert np.isnan(out["undefined"]) and np.isnan(out["undefined_lo"])
+    one = aggregate([{"r2_len": 0.5}], n_boot=100)
+    assert one["r2_len"] == 0.5 and np.isnan(one["r2_len_lo"]) and np.isnan(one["r2_len_hi"])

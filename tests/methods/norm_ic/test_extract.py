@@ -53,7 +53,8 @@ def test_input_table_rows_and_layer_validation(llama):
     torch.testing.assert_close(rows[1, :5], table[st.piece_ids[1, :5]])
     assert rows[0, 3:].abs().sum() == 0  # padding rows are zero
     # a one-piece word composes to its own table row under every plain composition
-    one = extract_states(model, tok, ["a"], "decoder", layers=(0,), max_pieces=1)
+    with pytest.warns(UserWarning, match="TRUNCATED: 1 of 1"):  # " a" is two byte pieces
+        one = extract_states(model, tok, ["a"], "decoder", layers=(0,), max_pieces=1, on_truncate="warn")
     x = input_table_states(model, one.piece_ids)
     torch.testing.assert_close(compose("sum", x, one.mask), table[one.piece_ids[0, :1]])
     assert resolve_layers(model, (-1, 0)) == [2, 0]

@@ -17,7 +17,9 @@ def test_wordfreq_ic_is_minus_ln_p_and_matches_zipf():
     for w, v in zip(words, ic):
         assert v == pytest.approx(-math.log(wordfreq.word_frequency(w, "en")), rel=1e-12)
         # zipf = log10(p·1e9) is rounded to 0.01 by wordfreq, so IC = (9 − zipf)·ln 10 up to 0.005·ln 10
-        assert v == pytest.approx((9 - wordfreq.zipf_frequency(w, "en")) * math.log(10), abs=0.006 * math.log(10))
+        assert v == pytest.approx(
+            (9 - wordfreq.zipf_frequency(w, "en")) * math.log(10), abs=0.006 * math.log(10)
+        )
     np.testing.assert_allclose(wordfreq_ic(words, unit="bits"), ic / math.log(2))
 
 

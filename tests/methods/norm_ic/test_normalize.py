@@ -10,7 +10,11 @@ TOL = dict(atol=1e-8, rtol=1e-8)  # float64 throughout
 
 def _data(n=400, d=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64) + 3
+    w = (
+        torch.randn(n, d, generator=g, dtype=torch.float64)
+        @ torch.randn(d, d, generator=g, dtype=torch.float64)
+        + 3
+    )
     p = torch.rand(n, generator=g, dtype=torch.float64) ** 4 + 1e-4  # skewed, Zipf-like weights
     return w, p / p.sum()
 
@@ -20,7 +24,9 @@ def test_zipf_whitening_invariants():
     norm = fit_normalizer("whiten_zipf", w, p)
     wt = norm(w)
     torch.testing.assert_close(p @ wt, torch.zeros(6, dtype=torch.float64), **TOL)  # Σ p w̃ = 0
-    torch.testing.assert_close(wt.T @ (p[:, None] * wt), torch.eye(6, dtype=torch.float64), **TOL)  # Σ p w̃w̃ᵀ = I
+    torch.testing.assert_close(
+        wt.T @ (p[:, None] * wt), torch.eye(6, dtype=torch.float64), **TOL
+    )  # Σ p w̃w̃ᵀ = I
     assert float(p @ (wt * wt).sum(1)) == pytest.approx(norm.rank)  # Σ p ‖w̃‖² = rank
     assert norm.rank == 6
 

@@ -14,7 +14,7 @@ SMALL = [
     "ic.corpus=lee", "static.sgns_epochs=1", "vocab.n_eval=150", "vocab.n_fit=250", "vocab.top_k=8000",
     "decoder.enabled=false", "encoder.layers=[-1]", "encoder.input_table=false", "analysis.n_boot=30",
     "analysis.compositions=[sum,mean,ind,joint,inf,scaled_c,sif_pc,pooled]", "length.n_docs=2",
-    "length.n_words=12", "length.n_points=4", "length.compositions=[sum,mean,ind,pooled]",
+    "length.n_words=12", "length.n_points=4", "length.natural=lee", "length.compositions=[sum,mean,ind,pooled]",
 ]  # fmt: skip
 
 
@@ -47,6 +47,50 @@ def test_glove_correlation_matches_scipy_on_raw_arrays(tiny_run):
     assert s["glove.word.pearson"] == pytest.approx(sps.pearsonr(ic, sq).statistic, abs=1e-9)
 
 
+def test_same_seed_same_summary(tiny_run, tmp_path):
+    """Issue 14: two identical runs differed in 25 ``sgns.*`` keys (gensim with 2 workers). Now bit-identical."""
+    again = execute("normic-tiny", SMALL, out=tmp_path / "again", quiet=True)
+    a = json.loads((tiny_run / "summary.json").read_text())
+    b = json.loads((again / "summary.json").read_text())
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert any(k.startswith("sgns.") for k in a)
+    diff = [k for k in a if k not in b or not (a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]))]  # NaN == NaN
+    assert not diff and a.keys() == b.keys(), diff[:10]
+
+
+def test_nulls_cer_cis_and_claims_in_the_summary(tiny_run):
+    s = json.loads((tiny_run / "summary.json").read_text())
+    for comp in ("sum", "ind", "joint", "mean"):
+        key = f"minilm_L6.{comp}"
+        assert s[f"{key}.verdict"] in (-1, 0, 1)
+        assert s[f"{key}.null_random.diff_lo"] <= s[f"{key}.null_random.diff_hi"]
+        assert s[f"{key}.null_shuffle.lo"] < 0 < s[f"{key}.null_shuffle.hi"]
+        # the paired difference CI brackets the point difference (same resamples on both sides)
+        d = s[f"{key}.spearman"] - s[f"{key}.null_random.spearman"]
+        assert s[f"{key}.null_random.diff_lo"] - 1e-9 <= d <= s[f"{key}.null_random.diff_hi"] + 1e-9
+    assert "minilm_L6.pooled.null_random.spearman" in s and s["minilm_L6.pooled.null_random.spearman"] != s[
+        "minilm_L6.pooled.null_random.spearman"]  # NaN: CLS has no random-piece analogue  # fmt: skip
+    assert -1 <= s["minilm_L6.piece_count.spearman"] <= 1
+    for key in (
+        "minilm_L6.pooled.fixed_cos",
+        "minilm_L6.sum.cer_r2",
+        "null_random.ind.cer_r2",
+        "glove.mean.cer_r2",
+    ):
+        for tag in ("", "_natural"):
+            assert s[f"{key}{tag}_lo"] <= s[f"{key}{tag}"] <= s[f"{key}{tag}_hi"], key + tag
+    assert s["minilm_L6.docs_over_context"] == 0
+    claims = json.loads((tiny_run / "claims.json").read_text())["claims"]
+    names = {c["claim"]: c for c in claims}
+    assert {"paper_word_correspondence", "paper_cls_fixed_point", "paper_eos_fixed_point",
+            "control_ind_linearity_is_algebra"} <= set(names)  # fmt: skip
+    assert names["paper_eos_fixed_point"]["verdict"] == "n/a"  # decoder disabled in this config
+    assert names["paper_modernbert_cer"]["verdict"] == "n/a"  # no ModernBERT offline
+    # IND over random word vectors is Σ‖rᵢ‖², linear in n by construction: this control must hold
+    assert names["control_ind_linearity_is_algebra"]["verdict"] == "holds"
+    assert s["claims.control_ind_linearity_is_algebra"] == 1
+
+
 def test_report_and_resume(tiny_run):
     sections = report_sections(tiny_run)
     titles = [sec.title for sec in sections]
@@ -55,11 +99,17 @@ def test_report_and_resume(tiny_run):
         if sec.title.startswith(("Word level", "Compositions", "Constant entropy", "Fixed point")):
             assert sec.table, sec.title
     assert "glove raw" in sections[0].text and "CER, minilm_L6" in sections[0].text
+    assert "CER null (random word vectors" in sections[0].text
+    surv = next(sec for sec in sections if sec.title.startswith("Which conclusions survive"))
+    assert "**minilm_L6**" in surv.text and "explained by a null" in surv.text
+    word = next(sec for sec in sections if sec.title.startswith("Word level"))
+    assert {"rho random vectors", "rho piece count", "shuffled-IC 95%", "verdict"} <= set(word.table[0])
     before = json.loads((tiny_run / "summary.json").read_text())
     execute("normic-tiny", SMALL, out=tiny_run, resume=True, quiet=True)  # every stage is read back
     after = json.loads((tiny_run / "summary.json").read_text())
     assert {k: v for k, v in after.items() if k != "wall_time_s"} == {
-        k: v for k, v in before.items() if k != "wall_time_s"}
+        k: v for k, v in before.items() if k != "wall_time_s"
+    }
 
 
 @pytest.mark.slow
@@ -67,7 +117,13 @@ def test_full_normic_tiny_with_smollm2(tmp_path):
     """The shipped recipe as is (about 5 minutes on 2 cores): decoder keys, LM IC and EOS fixed point exist."""
     run_dir = execute("normic-tiny", [], out=tmp_path / "run", quiet=True)
     s = json.loads((run_dir / "summary.json").read_text())
-    for key in ("smollm2_L30.pooled.spearman", "smollm2_input.sum.spearman", "smollm2_L30.cer_r2",
-                "smollm2_L30.pooled.fixed_cos", "minilm_L6.pooled.fixed_cos", "glove.cer_r2"):
+    for key in (
+        "smollm2_L30.pooled.spearman",
+        "smollm2_input.sum.spearman",
+        "smollm2_L30.cer_r2",
+        "smollm2_L30.pooled.fixed_cos",
+        "minilm_L6.pooled.fixed_cos",
+        "glove.cer_r2",
+    ):
         assert np.isfinite(s[key]), key
     assert (run_dir / "analysis" / "lm_ic.json").exists()

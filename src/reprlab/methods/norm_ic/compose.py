@@ -15,6 +15,13 @@ return ``(n, d_model)``.
 
   folded left to right (``*_rtl``: right to left), γ = 1, K = 1. Modes: ``icds_sum`` (α=1, β=−2),
   ``icds_avg`` (¼, −½), ``ind`` (1, 0), ``joint`` (1, 1), ``inf`` (1, min(‖x‖²,‖y‖²)/max(‖x‖²,‖y‖²)).
+* Two readings of ICDS AVG, both α = ¼:
+
+  - ``icds_avg`` [ours]: β = −½, so ‖F‖² = ¼‖x‖² + ¼‖y‖² + ½⟨x,y⟩ = ‖(x+y)/2‖², the recursive pairwise mean
+    (the mode name's meaning, and the brief's table);
+  - ``icds_avg_ref``: β = +½, the value the public ICDS code's ``compose_LM('AVG')`` passes to its magnitude
+    function α(‖x‖²+‖y‖²) − β⟨x,y⟩ + (2α+β)log K, so ‖F‖² = ‖(x−y)/2‖²: half the *difference*'s norm, which
+    vanishes for x = y. The direction (x+y)/‖x+y‖ is the same in both. Which one the paper used is unknown.
 * ``sif``: Arora et al. 2017 weights a/(a + p(item)), weighted sum over the number of non-zero weights;
   ``sif_pc`` additionally removes the projection on the first singular vector fitted on the fit set.
 * ``pooled``: the model's own CLS/EOS state (passed in, not computed here).
@@ -31,7 +38,8 @@ from torch import Tensor
 
 ICDS_MODES: dict[str, tuple[float, float | None]] = {
     "icds_sum": (1.0, -2.0),
-    "icds_avg": (0.25, -0.5),
+    "icds_avg": (0.25, -0.5),  # [ours] ‖F‖² = ‖(x+y)/2‖²
+    "icds_avg_ref": (0.25, 0.5),  # the public ICDS code's compose_LM('AVG'): ‖F‖² = ‖(x−y)/2‖²
     "ind": (1.0, 0.0),
     "joint": (1.0, 1.0),
     "inf": (1.0, None),  # β = min/max of the two squared norms, computed per pair
@@ -44,7 +52,9 @@ ALL_COMPOSITIONS = (
 
 def _check(x: Tensor, mask: Tensor) -> Tensor:
     if x.ndim != 3 or mask.shape != x.shape[:2]:
-        raise ValueError(f"expected x (n, pos, d_model) and mask (n, pos), got {tuple(x.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"expected x (n, pos, d_model) and mask (n, pos), got {tuple(x.shape)}, {tuple(mask.shape)}"
+        )
     counts = mask.sum(1)
     if (counts == 0).any():
         raise ValueError(f"{int((counts == 0).sum())} sequences have no items (all-False mask rows)")
@@ -55,7 +65,9 @@ def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask.unsqueeze(-1)).sum(1)
 
 
-def icds_pair(x: Tensor, y: Tensor, alpha: float, beta: float | None, gamma: float = 1.0, k: float = 1.0) -> Tensor:
+def icds_pair(
+    x: Tensor, y: Tensor, alpha: float, beta: float | None, gamma: float = 1.0, k: float = 1.0
+) -> Tensor:
     """ICDS composition of two batches of vectors ``(n, d_model)`` → ``(n, d_model)`` (formula in module doc)."""
     nx, ny = (x * x).sum(-1), (y * y).sum(-1)
     if beta is None:  # INF: β = min/max of squared norms, 0 if both vanish
@@ -199,4 +211,7 @@ def fit_context(x: Tensor, mask: Tensor, p: Tensor, sif_a: float = 1e-3) -> FitC
 def compose_all(names: Sequence[str], x: Tensor, mask: Tensor, fit: FitContext, *, pooled: Tensor | None = None,
                 p: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
     """``{name: (n, d_model)}`` for every composition in ``names``."""
-    return {name: compose(name, x, mask, pooled=pooled, mu=fit.mu, p=p, sif_a=fit.sif_a, pc=fit.pc) for name in names}
+    return {
+        name: compose(name, x, mask, pooled=pooled, mu=fit.mu, p=p, sif_a=fit.sif_a, pc=fit.pc)
+        for name in names
+    }

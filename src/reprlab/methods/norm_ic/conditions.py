@@ -22,7 +22,11 @@ from reprlab.methods.norm_ic.stats import linear_fit, pearson, spearman
 def c1_linearity(ic: np.ndarray, sq: np.ndarray, band: np.ndarray) -> dict[str, float]:
     """C1 diagnostics for ``sq`` (‖v‖²) against ``ic``, both ``(n,)``; ``band`` ``(n,)`` frequency bands."""
     if np.ptp(sq) == 0:  # constant norms (e.g. an exactly normalised state): linearity is undefined
-        return {"c1_r2": float("nan"), "c1_delta_r2_quadratic": float("nan"), "c1_band_spearman": float("nan")}
+        return {
+            "c1_r2": float("nan"),
+            "c1_delta_r2_quadratic": float("nan"),
+            "c1_band_spearman": float("nan"),
+        }
     _, _, r2 = linear_fit(ic, sq)
     coef = np.polyfit(ic, sq, 2)
     res = sq - np.polyval(coef, ic)

@@ -8,6 +8,13 @@ Each item (a word, or a text prefix) is tokenised on its own and laid out as
   an attention sink with a norm ~10× larger than any other (measured on SmolLM2: 6700 vs 560).
 
 Special tokens are left out of the composed ``pieces`` (brief §8) and reported separately as ``pooled``.
+
+Truncation is never silent: by default every piece the model accepts is kept (its context minus the two
+special tokens); an item longer than that, or than an explicit ``max_pieces``, raises :class:`TruncationError`
+(``on_truncate="error"``) or is cut with a logged and ``warnings.warn`` warning that counts the cut items and
+pieces (``on_truncate="warn"``); :attr:`TokenStates.n_pieces` keeps every item's untruncated length. Cutting
+prefixes silently manufactures a length fixed point (issue 14: MiniLM's CLS ``cos_to_final_2nd_half`` was
+0.9946 at 64 pieces against 0.9686 at 512 on one 80-word document).
 For decoders the model's final RMSNorm is bypassed by reading its *input* through a forward hook: the
 normalised last state has its norm fixed by the norm's gain, which would erase the quantity under study
 [brief §3; ours for the mechanism].
@@ -15,11 +22,22 @@ normalised last state has its norm fixed by the norm's gain, which would erase t
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from reprlab.errors import DataError
+
+log = logging.getLogger(__name__)
+N_SPECIAL = 2  # encoder: [CLS] … [SEP]; decoder: context token … EOS
+
+
+class TruncationError(DataError):
+    """An item has more pieces than the model (or ``max_pieces``) accepts, and ``on_truncate="error"``."""
 
 
 @dataclass
@@ -33,6 +51,8 @@ class TokenStates:
         piece_ids: ``(n, pos)`` long, token ids of the pieces (padding −1), for input-table lookups.
         layers: the hidden-state indices kept (0 = embedding output, n_layers = last block).
         surprisal: ``(n, pos)`` nats, −ln p(piece_i | context, pieces_<i) for decoders, else None.
+        n_pieces: ``(n,)`` long, each item's piece count *before* any truncation (> ``mask.sum(1)`` = cut).
+        limit: the piece limit that applied.
     """
 
     states: Tensor
@@ -41,6 +61,13 @@ class TokenStates:
     piece_ids: Tensor
     layers: list[int]
     surprisal: Tensor | None = None
+    n_pieces: Tensor | None = None
+    limit: int = 0
+
+    @property
+    def n_truncated(self) -> int:
+        """How many items lost pieces to the limit."""
+        return 0 if self.n_pieces is None else int((self.n_pieces > self.mask.sum(1)).sum())
 
 
 def n_layers_of(model: nn.Module) -> int:
@@ -54,7 +81,9 @@ def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
     out = [layer if layer >= 0 else n + 1 + layer for layer in layers]
     bad = [x for x in out if not 0 <= x <= n]
     if bad:
-        raise ValueError(f"layers {list(layers)} out of range for a model with {n} layers (valid 0..{n} or -1)")
+        raise ValueError(
+            f"layers {list(layers)} out of range for a model with {n} layers (valid 0..{n} or -1)"
+        )
     return out
 
 
@@ -68,8 +97,23 @@ def final_norm(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def piece_ids(tok, texts: Sequence[str], arch: str, max_pieces: int) -> list[list[int]]:
-    """Tokenise each text without special tokens (decoders get a leading space, as inside running text)."""
+def context_limit(model: nn.Module, tok=None) -> int:
+    """Pieces one item may have: the model's positions (and the tokenizer's limit, if set) minus 2 specials."""
+    cfg = model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    limits = [int(v) for v in (getattr(cfg, "max_position_embeddings", None),
+                               getattr(tok, "model_max_length", None)) if v and int(v) < 10**7]  # fmt: skip
+    if not limits:
+        raise ValueError("cannot tell the model's context length: no max_position_embeddings in its config")
+    return min(limits) - N_SPECIAL
+
+
+def piece_ids(tok, texts: Sequence[str], arch: str, max_pieces: int | None = None) -> list[list[int]]:
+    """Tokenise each text without special tokens (decoders get a leading space, as inside running text).
+
+    ``max_pieces`` cuts silently and exists for callers that only need ids (e.g. subword frequencies);
+    :func:`extract_states` checks and reports truncation itself.
+    """
     lead = " " if arch == "decoder" else ""
     out = []
     for t in texts:
@@ -80,7 +124,7 @@ def piece_ids(tok, texts: Sequence[str], arch: str, max_pieces: int) -> list[lis
             ids = ids[0]
         if not ids:
             raise ValueError(f"text {t!r} tokenises to nothing")
-        out.append(list(ids[:max_pieces]))
+        out.append(list(ids[:max_pieces] if max_pieces else ids))
     return out
 
 
@@ -98,7 +142,9 @@ def _special_ids(tok, arch: str, context_token: str | None = None) -> tuple[list
             raise ValueError("decoder tokenizer has no EOS token")
         if context_token:
             ctx = tok.convert_tokens_to_ids(context_token)
-            unknown = ctx == getattr(tok, "unk_token_id", None) and context_token != getattr(tok, "unk_token", None)
+            unknown = ctx == getattr(tok, "unk_token_id", None) and context_token != getattr(
+                tok, "unk_token", None
+            )
             if ctx is None or unknown:
                 raise ValueError(f"context token {context_token!r} is not in the tokenizer's vocabulary")
         else:
@@ -115,7 +161,8 @@ def extract_states(
     arch: str,
     layers: Sequence[int] = (-1,),
     batch_size: int = 128,
-    max_pieces: int = 64,
+    max_pieces: int | None = None,
+    on_truncate: str = "error",
     bypass_final_norm: bool = True,
     context_token: str | None = None,
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
@@ -130,7 +177,10 @@ def extract_states(
         arch: "encoder" or "decoder".
         layers: hidden-state indices (0 = embeddings output, −1 = last block).
         batch_size: items per forward pass; ``1`` is the naive per-item loop.
-        max_pieces: truncate each text to this many pieces.
+        max_pieces: cut each text to this many pieces; ``None``/0 = all the model accepts
+            (:func:`context_limit`); a larger value is capped there.
+        on_truncate: ``"error"`` raises :class:`TruncationError` when any item is longer than the limit;
+            ``"warn"`` cuts it and warns with the counts.
         bypass_final_norm: decoders only; read the last block's state before the final norm.
         context_token: decoders only; the token before the text (default BOS, else EOS).
         progress: ``run.progress``-like wrapper ``(iterable, total, desc)``.
@@ -143,7 +193,22 @@ def extract_states(
         raise ValueError("extract_states: no texts given")
     sel = resolve_layers(model, layers)
     n_total = n_layers_of(model)
-    pieces = piece_ids(tok, texts, arch, max_pieces)
+    if on_truncate not in ("error", "warn"):
+        raise ValueError(f"on_truncate must be 'error' or 'warn', got {on_truncate!r}")
+    ctx_limit = context_limit(model, tok)
+    limit = min(max_pieces, ctx_limit) if max_pieces else ctx_limit
+    full = piece_ids(tok, texts, arch)
+    n_full = torch.tensor([len(p) for p in full], dtype=torch.long)
+    over = n_full > limit
+    if over.any():
+        what = "the model's context" if limit == ctx_limit else f"max_pieces={limit}"
+        msg = (f"{int(over.sum())} of {len(texts)} texts have more pieces than {what} allows ({limit}); "
+               f"longest {int(n_full.max())} pieces, {int((n_full - limit).clamp_min(0).sum())} pieces cut")  # fmt: skip
+        if on_truncate == "error":
+            raise TruncationError(msg + "; raise max_pieces (0 = the model's context) or shorten the texts")
+        log.warning("TRUNCATED: %s", msg)
+        warnings.warn(f"TRUNCATED: {msg}", stacklevel=2)
+    pieces = [p[:limit] for p in full]
     pre, post = _special_ids(tok, arch, context_token)
     n, pos = len(texts), max(len(p) for p in pieces)
     d_model = model.get_input_embeddings().weight.shape[1]
@@ -171,11 +236,15 @@ def extract_states(
             for r, s in enumerate(seqs):  # right padding: causal and absolute-position models both accept it
                 input_ids[r, : len(s)] = torch.tensor(s)
                 attn[r, : len(s)] = 1
-            out = model(input_ids=input_ids.to(device), attention_mask=attn.to(device), output_hidden_states=True)
+            out = model(
+                input_ids=input_ids.to(device), attention_mask=attn.to(device), output_hidden_states=True
+            )
             hidden = list(out.hidden_states)
             if hook is not None:
                 hidden[n_total] = captured.pop("pre_norm")
-            stack = torch.stack([hidden[layer] for layer in sel], 1).float().cpu()  # [b, n_sel, width, d_model]
+            stack = (
+                torch.stack([hidden[layer] for layer in sel], 1).float().cpu()
+            )  # [b, n_sel, width, d_model]
             logp = out.logits.float().log_softmax(-1).cpu() if arch == "decoder" else None
             for r, i in enumerate(batch):
                 k = len(pieces[i])
@@ -193,7 +262,7 @@ def extract_states(
     finally:
         if hook is not None:
             hook.remove()
-    return TokenStates(states, pooled, mask, ids_out, sel, surprisal)
+    return TokenStates(states, pooled, mask, ids_out, sel, surprisal, n_full, limit)
 
 
 def input_table_states(model: nn.Module, piece_ids: Tensor) -> Tensor:

@@ -44,11 +44,15 @@ def wordfreq_probability(words: Sequence[str], lang: str = "en", wordlist: str =
     p = np.array([wordfreq.word_frequency(w, lang, wordlist=wordlist) for w in words], dtype=np.float64)
     zero = [w for w, pi in zip(words, p) if pi <= 0]
     if zero:
-        raise ValueError(f"wordfreq has no frequency for {len(zero)} words, e.g. {zero[:5]}; filter them first")
+        raise ValueError(
+            f"wordfreq has no frequency for {len(zero)} words, e.g. {zero[:5]}; filter them first"
+        )
     return p
 
 
-def wordfreq_ic(words: Sequence[str], lang: str = "en", unit: str = "nats", wordlist: str = "large") -> np.ndarray:
+def wordfreq_ic(
+    words: Sequence[str], lang: str = "en", unit: str = "nats", wordlist: str = "large"
+) -> np.ndarray:
     """IC(w) = −ln p_wordfreq(w), shape ``(n,)``; equals (9 − zipf)·ln 10 in nats."""
     return to_unit(-np.log(wordfreq_probability(words, lang, wordlist)), unit)
 
@@ -63,7 +67,9 @@ def corpus_counts(sentences: Iterable[Sequence[str]]) -> Counter:
     return counts
 
 
-def counts_ic(words: Sequence[str], counts: Counter, smoothing: float = 1.0, unit: str = "nats") -> np.ndarray:
+def counts_ic(
+    words: Sequence[str], counts: Counter, smoothing: float = 1.0, unit: str = "nats"
+) -> np.ndarray:
     """IC from corpus counts with add-k smoothing, shape ``(n,)``.
 
     Args:

@@ -14,6 +14,7 @@ summary. Every stage is resumable through ``run.stage``.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,14 +32,21 @@ from reprlab.methods.norm_ic.conditions import (
     context_kl,
     cooccurrence_pmi,
 )
-from reprlab.methods.norm_ic.extract import extract_states, resolve_layers
-from reprlab.methods.norm_ic.length import aggregate, curve_stats, natural_docs, prefix_grid, synthetic_docs
+from reprlab.methods.norm_ic.extract import context_limit, extract_states, resolve_layers
+from reprlab.methods.norm_ic.length import length_curves, natural_docs, static_embedder, synthetic_docs
 from reprlab.methods.norm_ic.normalize import fit_normalizer, single_thread
+from reprlab.methods.norm_ic.nulls import (
+    count_spearman,
+    null_test,
+    piece_counts,
+    random_null_norms,
+    random_piece_vectors,
+    shuffle_interval,
+)  # fmt: skip
 from reprlab.methods.norm_ic.sources import (
     ItemSet,
     input_items,
     layer_items,
-    static_texts,
     static_words,
     subword_probabilities,
 )  # fmt: skip
@@ -48,13 +56,28 @@ from reprlab.methods.norm_ic.vocab import candidate_words, sample_vocabulary
 
 log = logging.getLogger(__name__)
 WORD_COMPOSITIONS = tuple(c for c in ALL_COMPOSITIONS)
-TEXT_COMPOSITIONS = ("sum", "mean", "scaled_a", "scaled_b", "scaled_c", "ind", "joint", "inf", "max", "sif", "pooled")
+NULL_SOURCE = "null_random"  # the CER null's source name in length.json and the summary
+TEXT_COMPOSITIONS = (
+    "sum",
+    "mean",
+    "scaled_a",
+    "scaled_b",
+    "scaled_c",
+    "ind",
+    "joint",
+    "inf",
+    "max",
+    "sif",
+    "pooled",
+)
 
 
 @dataclass(frozen=True)
 class VocabConfig:
     n_eval: int = field(default=2000, metadata={"help": "evaluation words, stratified over Zipf bands"})
-    n_fit: int = field(default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"})
+    n_fit: int = field(
+        default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"}
+    )
     top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words"})
     skip_top: int = field(default=100, metadata={"help": "drop the most frequent words (brief §4)"})
     n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands"})
@@ -63,7 +86,9 @@ class VocabConfig:
 @dataclass(frozen=True)
 class ICConfig:
     unit: Literal["nats", "bits"] = field(default="nats", metadata={"help": "IC = -ln p (nats) or -log2 p"})
-    corpus: Literal["wiki", "lee"] = field(default="wiki", metadata={"help": "corpus for count IC, PMI, SGNS"})
+    corpus: Literal["wiki", "lee"] = field(
+        default="wiki", metadata={"help": "corpus for count IC, PMI, SGNS"}
+    )
     smoothing: float = field(default=1.0, metadata={"help": "add-k smoothing of corpus counts [ours]"})
 
 
@@ -77,7 +102,16 @@ class StaticConfig:
     sgns_negative: int = 5
     sgns_epochs: int = 5
     sgns_min_count: int = 5
-    normalizations: tuple[str, ...] = ("raw", "center_uniform", "center_zipf", "whiten_uniform", "whiten_zipf")
+    sgns_workers: int = field(default=1, metadata={
+        "help": "gensim worker threads; 1 = deterministic (same seed, same vectors); >1 is faster but the "
+                "threads' job order changes the vectors run to run"})  # fmt: skip
+    normalizations: tuple[str, ...] = (
+        "raw",
+        "center_uniform",
+        "center_zipf",
+        "whiten_uniform",
+        "whiten_zipf",
+    )
     text_composition: str = field(default="mean", metadata={"help": "composition behind <source>.cer_r2"})
 
 
@@ -87,12 +121,17 @@ class ModelConfig:
     name: str = field(default="minilm", metadata={"help": "prefix of this model's source names"})
     model: str = field(default="all-minilm-l6-v2", metadata={"help": "HF hub id, folder or packaged alias"})
     arch: Literal["encoder", "decoder"] = "encoder"
-    layers: tuple[int, ...] = field(default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"})
+    layers: tuple[int, ...] = field(
+        default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"}
+    )
     input_table: bool = field(default=True, metadata={"help": "also analyse the input embedding table"})
     bypass_final_norm: bool = field(default=True, metadata={"help": "decoders: last state before final norm"})
     context_token: str = field(default="", metadata={"help": "decoders: token before each text ('' = BOS)"})
     batch_size: int = 128
-    max_pieces: int = 64
+    max_pieces: int = field(default=0, metadata={"help": "pieces per word/text; 0 = all the model accepts"})
+    on_truncate: Literal["error", "warn"] = field(default="error", metadata={
+        "help": "a *word* longer than max_pieces: error, or cut with a counted warning (length-experiment "
+                "prefixes longer than the model's context are always cut with a warning and counted)"})  # fmt: skip
     max_words: int = field(default=0, metadata={"help": "cap on eval words for slow models (0 = all)"})
     max_fit: int = field(default=0, metadata={"help": "cap on fit words for slow models (0 = all)"})
     normalizations: tuple[str, ...] = ("raw", "center_zipf", "whiten_zipf")
@@ -107,7 +146,19 @@ class AnalysisConfig:
     sif_a: float = field(default=1e-3, metadata={"help": "SIF's a (Arora et al. default 1e-3)"})
     pmi_window: int = 5
     pmi_min_count: int = 5
-    kl_min_count: int = field(default=50, metadata={"help": "SGNS KL target: keep words seen this often [ours]"})
+    kl_min_count: int = field(
+        default=50, metadata={"help": "SGNS KL target: keep words seen this often [ours]"}
+    )
+    nulls: bool = field(
+        default=True, metadata={"help": "null baselines for every raw correlation row (nulls.py)"}
+    )
+    null_vectors: Literal["gaussian", "unit"] = field(
+        default="gaussian",
+        metadata={
+            "help": "random vector per piece: N(0, I/d) or uniform on the sphere (constant norms: n/a for 1-piece words)"
+        },
+    )
+    n_perm: int = field(default=1000, metadata={"help": "IC shuffles for the shuffled-IC null"})
 
 
 @dataclass(frozen=True)
@@ -116,20 +167,27 @@ class LengthConfig:
     n_docs: int = field(default=6, metadata={"help": "documents per text kind (synthetic, natural)"})
     n_words: int = field(default=40, metadata={"help": "N, the longest prefix in words"})
     n_points: int = field(default=10, metadata={"help": "prefix lengths on the grid 1..N"})
-    natural: Literal["lee", "wiki", "none"] = "lee"
+    natural: Literal["lee", "wiki", "none"] = "wiki"
     compositions: tuple[str, ...] = TEXT_COMPOSITIONS
+    null_dim: int = field(
+        default=100, metadata={"help": "dimension of the random-word-vector CER null (0 = off)"}
+    )
 
 
 @dataclass(frozen=True)
 class Config:
     seed: int = 0
+    allow_download: bool = field(default=False, metadata={
+        "help": "let transformers fetch models missing from the local HF cache (needs hub access); otherwise "
+                "preflight stops before any work"})  # fmt: skip
     threads: int = field(default=0, metadata={"help": "torch CPU threads during the run (0 = torch default)"})
     vocab: VocabConfig = VocabConfig()
     ic: ICConfig = ICConfig()
     static: StaticConfig = StaticConfig()
     encoder: ModelConfig = ModelConfig()
     decoder: ModelConfig = ModelConfig(
-        name="smollm2", model="smollm2-135m-instruct", arch="decoder", text_composition="pooled")
+        name="smollm2", model="smollm2-135m-instruct", arch="decoder", text_composition="pooled"
+    )
     analysis: AnalysisConfig = AnalysisConfig()
     length: LengthConfig = LengthConfig()
 
@@ -155,6 +213,9 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
     ctx = fit_context(fit.x, fit.mask, fit.p, acfg.sif_a)
     v_ev = compose_all(comps, ev.x, ev.mask, ctx, pooled=ev.pooled, p=ev.p)
     v_fit = compose_all(comps, fit.x, fit.mask, ctx, pooled=fit.pooled, p=fit.p)
+    null_sq = random_null_norms(ev, fit, comps, acfg, seed) if acfg.nulls else {}
+    count = piece_counts(ev.mask)
+    shuffle = shuffle_interval(len(ic), acfg.n_perm, acfg.ci, seed) if acfg.nulls else None
     rows, scatter = [], {}
     for c in comps:
         label = (rename or {}).get(c, c)
@@ -169,44 +230,35 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
                 row.update(c1_linearity(ic, sq, band))
                 row.update(c2_inner_product(both, pairs))
                 row["anisotropy"] = anisotropy(v_fit[c].double().numpy())
+                if shuffle is not None:
+                    # 'pooled' is the model's own CLS/EOS state: no random-piece analogue; count still applies
+                    row.update(
+                        null_test(
+                            ic, sq, null_sq.get(c), count, shuffle, acfg.n_boot, acfg.ci, seed
+                        ).to_dict()
+                    )
+                    row["piece_count_spearman"] = count_spearman(ic, count)
                 scatter[label] = sq.tolist()
             rows.append(row)
     return rows, scatter
 
 
-def length_curves(docs: dict[str, list[list[str]]], embed, comps: tuple[str, ...], ic_of: dict[str, float],
-                  n_points: int) -> dict:  # fmt: skip
-    """CER statistics per text kind × composition.
-
-    Args:
-        docs: ``{"synthetic": [...], "natural": [...]}`` tokenised documents of equal length N.
-        embed: ``(doc, grid) -> (dict comp -> (g, d_model) tensor, lm_cum_ic (g,) or None)``.
-        comps: compositions to evaluate; ic_of: unigram IC per word; n_points: prefix lengths per document.
-    """
-    out: dict = {}
-    for kind, ds in docs.items():
-        per_comp: dict[str, list] = {}
-        curves: dict[str, list] = {}
-        for doc in ds:
-            grid = prefix_grid(len(doc), n_points)
-            vecs, lm_cum = embed(doc, grid)
-            vecs = {c: v.double().numpy() for c, v in vecs.items()}
-            cum_ic = np.cumsum([ic_of[w] for w in doc])[grid - 1]
-            for c, v in vecs.items():
-                if c not in comps:
-                    continue
-                sq = (v * v).sum(-1)
-                st = curve_stats(grid, sq, cum_ic, v)
-                if lm_cum is not None:
-                    st["r2_lm_ic"] = float(np.corrcoef(lm_cum, sq)[0, 1] ** 2)
-                per_comp.setdefault(c, []).append(st)
-                curves.setdefault(c, []).append((sq / sq[-1]).tolist() if sq[-1] != 0 else sq.tolist())
-        out[kind] = {c: {**aggregate(s), "curve": np.mean(curves[c], 0).tolist(), "grid": grid.tolist()}
-                     for c, s in per_comp.items()}  # fmt: skip
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- run
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no work, run before the run folder exists: compositions, models reachable offline."""
+    from reprlab.errors import ConfigError
+    from reprlab.methods.norm_ic.availability import check_model_available
+
+    bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
+    if bad:
+        raise ConfigError(f"unknown compositions {bad}; valid: {', '.join(ALL_COMPOSITIONS)}")
+    if cfg.allow_download:
+        return
+    for key, mc in (("encoder", cfg.encoder), ("decoder", cfg.decoder)):
+        if mc.enabled:
+            check_model_available(mc.model, f"{key}.model")
 
 
 def run(cfg: Config, run) -> dict:
@@ -254,7 +306,9 @@ def _run(cfg: Config, run) -> dict:
     p_eval_words, p_fit = ic_mod.wordfreq_probability(ev_words), ic_mod.wordfreq_probability(fit_words)
     counts = ic_mod.corpus_counts(corpus)
     ic_corpus = ic_mod.counts_ic(ev_words, counts, cfg.ic.smoothing, cfg.ic.unit)
-    pairs = cooccurrence_pmi(corpus, ev_words + fit_words, cfg.analysis.pmi_window, cfg.analysis.pmi_min_count)
+    pairs = cooccurrence_pmi(
+        corpus, ev_words + fit_words, cfg.analysis.pmi_window, cfg.analysis.pmi_min_count
+    )
     run.logger.info("vocabulary: %d eval, %d fit words; %d co-occurring pairs for C2",
                     len(ev_words), len(fit_words), len(pairs.pmi))  # fmt: skip
 
@@ -268,7 +322,9 @@ def _run(cfg: Config, run) -> dict:
         p_known = ic_mod.wordfreq_probability(known_list)
         docs: dict[str, list[list[str]]] = {}
         if cfg.length.enabled:
-            docs["synthetic"] = synthetic_docs(known_list, p_known, cfg.length.n_docs, cfg.length.n_words, cfg.seed)
+            docs["synthetic"] = synthetic_docs(
+                known_list, p_known, cfg.length.n_docs, cfg.length.n_words, cfg.seed
+            )
             if cfg.length.natural != "none":
                 nat = corpus if cfg.length.natural == cfg.ic.corpus else corpus_sentences(cfg.length.natural)
                 docs["natural"] = natural_docs(nat, known.__contains__, cfg.length.n_docs, cfg.length.n_words)
@@ -287,8 +343,12 @@ def _run(cfg: Config, run) -> dict:
                 p_of, corpus))  # fmt: skip
     for mc in (cfg.encoder, cfg.decoder):
         if mc.enabled:
-            results[mc.name] = run.stage(f"model_{mc.name}", lambda mc=mc: model_stage(
-                cfg, mc, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of))
+            results[mc.name] = run.stage(
+                f"model_{mc.name}",
+                lambda mc=mc: model_stage(
+                    cfg, mc, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of
+                ),
+            )
 
     # IC-source comparison [ours]: each source's best raw composition against wordfreq, corpus and LM IC
     lm = next((r["lm_ic"] for r in results.values() if r.get("lm_ic")), None)
@@ -316,16 +376,24 @@ def _run(cfg: Config, run) -> dict:
     oyama = {name: r["oyama"] for name, r in results.items() if r.get("oyama")}
     if oyama:
         run.save_json("analysis/oyama_kl.json", oyama)
-    run.save_json("analysis/length.json", {src: curves for r in results.values() for src, curves in r["length"].items()})
+    length = {src: curves for r in results.values() for src, curves in r["length"].items()}
+    if docs and cfg.length.null_dim:
+        length[NULL_SOURCE] = run.stage(
+            "null_length", lambda: length_null(cfg, docs, fit_words, p_fit, ic_of, p_of)
+        )
+    run.save_json("analysis/length.json", length)
+    context = {src: c for r in results.values() for src, c in r.get("context", {}).items()}
+    if context:
+        run.save_json("analysis/context.json", context)
     if lm is not None:
         run.save_json("analysis/lm_ic.json", lm)
-    return build_summary(cfg, results, rows)
+    return build_summary(cfg, results, rows, length, context)
 
 
 def run_sgns(cfg: Config, corpus: list[list[str]]) -> StaticEmbeddings:
     s = cfg.static
     return train_sgns(corpus, s.sgns_dim, s.sgns_window, s.sgns_negative, s.sgns_epochs, s.sgns_min_count,
-                      cfg.seed, workers=2)[0]  # fmt: skip
+                      cfg.seed, workers=s.sgns_workers)[0]  # fmt: skip
 
 
 def static_stage(cfg, name, table, ev_words, fit_words, ic_eval, band, p_eval_words, p_fit, pairs, docs, ic_of, p_of,
@@ -340,24 +408,39 @@ def static_stage(cfg, name, table, ev_words, fit_words, ic_eval, band, p_eval_wo
     fit_p = np.array([p for w, p in zip(fit_words, p_fit) if w in table])
     fit = static_words(table, fit_ok, fit_p)
     # C2 pairs index eval+fit words of the full vocabulary; remap to this source's subset
-    sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + i for i, w in enumerate(fit_words) if w in table])
+    sub_pairs = _subset_pairs(
+        pairs, list(idx) + [len(ev_words) + i for i, w in enumerate(fit_words) if w in table]
+    )
     comps = ("first",)  # one item per word: every subword composition reduces to the vector itself
     rows, scatter = analyse_words(name, ev, fit, ic_eval[idx], band[idx], fit_p, comps, cfg.static.normalizations,
                                   cfg.analysis, sub_pairs, cfg.seed, rename={"first": "word"})  # fmt: skip
     ctx = fit_context(fit.x, fit.mask, fit.p, cfg.analysis.sif_a)
-
-    def embed(doc, grid):
-        items = static_texts(table, [doc], p_of)
-        x = items.x.expand(len(grid), -1, -1)
-        mask = torch.arange(len(doc))[None] < torch.as_tensor(grid)[:, None]
-        comps_t = tuple(c for c in cfg.length.compositions if c != "pooled")
-        with single_thread():
-            return compose_all(comps_t, x, mask, ctx, p=items.p.expand(len(grid), -1)), None
-
-    length = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points) if docs else {}
+    embed = static_embedder(table, ctx, cfg.length.compositions, p_of)
+    a = cfg.analysis
+    length = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points, a.n_boot, a.ci,
+                           cfg.seed) if docs else {}  # fmt: skip
     oyama = oyama_kl(table, ev_words, corpus, cfg) if name == "sgns" else None
     return {"oyama": oyama, "rows": rows, "scatter": {name: scatter}, "word_idx": idx.tolist(), "length": {name: length},
             "text_composition": {name: cfg.static.text_composition}}  # fmt: skip
+
+
+def length_null(
+    cfg: Config, docs: dict, fit_words: list[str], p_fit: np.ndarray, ic_of: dict, p_of: dict
+) -> dict:
+    """CER statistics of random word vectors (N(0, I/d), one per word) under every text composition [ours].
+
+    The curves' shape under a composition with *no* information in the vectors: mean → 1/n decay, sum and IND
+    linear in n. A model's CER statistic means something only where it departs from this.
+    """
+    words = sorted({w for ds in docs.values() for d in ds for w in d} | set(fit_words))
+    ids = torch.arange(len(words))[:, None]
+    vec = random_piece_vectors(ids, cfg.length.null_dim, cfg.seed + 1, "gaussian")[:, 0].float().numpy()
+    table = StaticEmbeddings(words, vec)
+    fit = static_words(table, fit_words, p_fit)
+    ctx = fit_context(fit.x, fit.mask, fit.p, cfg.analysis.sif_a)
+    a = cfg.analysis
+    return length_curves(docs, static_embedder(table, ctx, cfg.length.compositions, p_of),
+                         cfg.length.compositions, ic_of, cfg.length.n_points, a.n_boot, a.ci, cfg.seed)  # fmt: skip
 
 
 def oyama_kl(table: StaticEmbeddings, words: list[str], corpus: list[list[str]], cfg: Config) -> dict:
@@ -392,7 +475,9 @@ def _subset_pairs(pairs: PairPMI, keep: list[int]) -> PairPMI:
     return PairPMI(left, right, pairs.pmi[m], pairs.counts[m])
 
 
-def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of):
+def model_stage(
+    cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eval, band, p_fit, pairs, docs, ic_of
+):
     """Load one HF model; word-level rows for its input table and layers; length curves at its last layer."""
     from reprlab.models.hf import load_causal_lm, load_encoder
 
@@ -410,16 +495,20 @@ def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eva
     cands = candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top)
     p_sub = subword_probabilities(tok, cands, ic_mod.wordfreq_probability(cands), mc.arch)
     kw = dict(arch=mc.arch, layers=layers, batch_size=mc.batch_size, max_pieces=mc.max_pieces,
-              bypass_final_norm=mc.bypass_final_norm, context_token=mc.context_token or None, progress=progress,
+              on_truncate=mc.on_truncate, bypass_final_norm=mc.bypass_final_norm, context_token=mc.context_token or None, progress=progress,
               device=run.device)  # fmt: skip
     st_ev = extract_states(model, tok, [ev_words[i] for i in idx], **kw)
     st_fit = extract_states(model, tok, [fit_words[i] for i in fidx], **kw)
     sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + int(i) for i in fidx])
     sources = []
     if mc.input_table:
-        sources.append((f"{mc.name}_input", input_items(model, st_ev, p_sub), input_items(model, st_fit, p_sub)))
+        sources.append(
+            (f"{mc.name}_input", input_items(model, st_ev, p_sub), input_items(model, st_fit, p_sub))
+        )
     for layer in layers:
-        sources.append((f"{mc.name}_L{layer}", layer_items(st_ev, layer, p_sub), layer_items(st_fit, layer, p_sub)))
+        sources.append(
+            (f"{mc.name}_L{layer}", layer_items(st_ev, layer, p_sub), layer_items(st_fit, layer, p_sub))
+        )
     rows, scatter = [], {}
     for name, ev, fit in sources:
         r, s = analyse_words(name, ev, fit, ic_eval[idx], band[idx], p_fit[fidx], cfg.analysis.compositions,
@@ -428,30 +517,63 @@ def model_stage(cfg, mc: ModelConfig, run, progress, ev_words, fit_words, ic_eva
         scatter[name] = s
     out = {"rows": rows, "scatter": scatter, "word_idx": idx.tolist(), "length": {}, "text_composition": {}}
     if st_ev.surprisal is not None:  # the LM's own word IC: Σ piece surprisal after the context token
-        out["lm_ic"] = {"word_idx": idx.tolist(), "ic": ic_mod.to_unit(
-            (st_ev.surprisal * st_ev.mask).sum(1).double().numpy(), cfg.ic.unit).tolist()}
+        out["lm_ic"] = {
+            "word_idx": idx.tolist(),
+            "ic": ic_mod.to_unit(
+                (st_ev.surprisal * st_ev.mask).sum(1).double().numpy(), cfg.ic.unit
+            ).tolist(),
+        }
     if docs:
         text_layer = layers[-1]
         fit_items = layer_items(st_fit, text_layer, p_sub)
         ctx = fit_context(fit_items.x, fit_items.mask, fit_items.p, cfg.analysis.sif_a)
-        tkw = {**kw, "layers": [text_layer], "batch_size": max(1, mc.batch_size // 8), "progress": None}
+        # texts keep every piece the model accepts (not max_pieces, which is for words); longer prefixes are
+        # cut with a warning and counted, so a report can say which documents exceeded the context
+        tkw = {**kw, "layers": [text_layer], "batch_size": max(1, mc.batch_size // 8), "progress": None,
+               "max_pieces": 0, "on_truncate": "warn"}  # fmt: skip
+        over = {"prefixes": 0, "docs": 0, "max_pieces": 0, "limit": context_limit(model, tok)}
 
         def embed(doc, grid):
-            st = extract_states(model, tok, [" ".join(doc[:n]) for n in grid], **tkw)
+            with warnings.catch_warnings():  # counted below and logged once per document by extract_states
+                warnings.simplefilter("ignore", UserWarning)
+                st = extract_states(model, tok, [" ".join(doc[:n]) for n in grid], **tkw)
+            cut = st.n_pieces > st.mask.sum(1)
+            over["prefixes"] += int(cut.sum())
+            over["docs"] += int(cut[-1])  # the whole document is the last prefix
+            over["max_pieces"] = max(over["max_pieces"], int(st.n_pieces.max()))
             items = layer_items(st, text_layer, p_sub)
             with single_thread():
-                vecs = compose_all(cfg.length.compositions, items.x, items.mask, ctx, pooled=items.pooled, p=items.p)
+                vecs = compose_all(
+                    cfg.length.compositions, items.x, items.mask, ctx, pooled=items.pooled, p=items.p
+                )
             lm_cum = (st.surprisal * st.mask).sum(1).double().numpy() if st.surprisal is not None else None
             return vecs, lm_cum
 
         src = f"{mc.name}_L{text_layer}"
-        out["length"][src] = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points)
+        a = cfg.analysis
+        out["length"][src] = length_curves(docs, embed, cfg.length.compositions, ic_of, cfg.length.n_points,
+                                           a.n_boot, a.ci, cfg.seed)  # fmt: skip
         out["text_composition"][src] = mc.text_composition
+        n_docs = sum(len(d) for d in docs.values())
+        out["context"] = {src: {**over, "n_docs": n_docs}}
+        if over["docs"]:
+            run.logger.warning("%s: %d of %d documents exceed the model's context of %d pieces (longest %d); "
+                               "%d prefixes were cut to it", src, over["docs"], n_docs, over["limit"],
+                               over["max_pieces"], over["prefixes"])  # fmt: skip
     return out
 
 
-def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
-    """Flat summary: ``<source>.<composition>[@<norm>].{spearman,pearson}[_lo|_hi]``, ``<source>.cer_r2``."""
+def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | None = None,
+                  context: dict | None = None) -> dict:  # fmt: skip
+    """Flat summary (keys listed in ``docs/norm_ic.md``).
+
+    Word level, raw norms: ``<source>.<comp>.{spearman,pearson}[_lo|_hi]``, ``.r2``, the nulls
+    ``.null_random.spearman``, ``.null_random.diff_{lo,hi}``, ``.null_count.diff_{lo,hi}``,
+    ``.null_shuffle.{lo,hi}``, ``.verdict`` (+1/−1 beyond every null, 0 not), ``<source>.piece_count.spearman``;
+    normalised: ``<source>.<comp>@<norm>.spearman`` for word/sum/pooled. CER: ``<source>.<comp>.cer_r2[_lo|_hi]``,
+    ``.fixed_cos[_lo|_hi]`` (``_natural`` suffix for natural text), ``<source>.cer_r2``; the random-vector
+    null is the source ``null_random``; ``<source>.docs_over_context``.
+    """
     summary: dict[str, float | int | str] = {"n_eval_words": cfg.vocab.n_eval}
     for row in rows:
         key = f"{row['source']}.{row['composition']}"
@@ -460,6 +582,15 @@ def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
                 for suffix in ("", "_lo", "_hi"):
                     summary[f"{key}.{stat}{suffix}"] = row[stat + suffix]
             summary[f"{key}.r2"] = row["r2"]
+            if "verdict" in row:
+                summary[f"{key}.verdict"] = row["verdict"]
+                summary[f"{key}.null_random.spearman"] = row["null_random"]
+                for tag in ("random", "count"):
+                    for b in ("lo", "hi"):
+                        summary[f"{key}.null_{tag}.diff_{b}"] = row[f"null_{tag}_diff_{b}"]
+                summary[f"{key}.null_shuffle.lo"] = row["null_shuffle_lo"]
+                summary[f"{key}.null_shuffle.hi"] = row["null_shuffle_hi"]
+                summary[f"{row['source']}.piece_count.spearman"] = row["piece_count_spearman"]
         elif row["composition"] in ("word", "sum", "pooled"):  # the rest lives in analysis/words.json
             summary[f"{key}@{row['normalization']}.spearman"] = row["spearman"]
     for name, r in results.items():
@@ -467,18 +598,21 @@ def build_summary(cfg: Config, results: dict, rows: list[dict]) -> dict:
             if r.get("oyama") and tag in r["oyama"]:
                 summary[f"{name}.oyama_kl_{tag}.r2"] = r["oyama"][tag]["r2"]
                 summary[f"{name}.oyama_kl_{tag}.spearman"] = r["oyama"][tag]["spearman"]
-    for r in results.values():
-        for src, kinds in r.get("length", {}).items():
-            for kind, comps in kinds.items():
-                tag = "" if kind == "synthetic" else f"_{kind}"
-                for comp, st in comps.items():
-                    if comp in ("sum", "mean", "ind", "pooled"):  # every composition: analysis/length.json
-                        summary[f"{src}.{comp}.cer_r2{tag}"] = st["r2_len"]
+    heads = {src: h for r in results.values() for src, h in r.get("text_composition", {}).items()}
+    heads.setdefault(NULL_SOURCE, "mean")
+    for src, kinds in (length or {}).items():
+        for kind, comps in kinds.items():
+            tag = "" if kind == "synthetic" else f"_{kind}"
+            for comp, st in comps.items():
+                for b in ("", "_lo", "_hi"):
+                    summary[f"{src}.{comp}.cer_r2{tag}{b}"] = st["r2_len" + b]
                     if comp in ("pooled", "mean"):
-                        summary[f"{src}.{comp}.fixed_cos{tag}"] = st["cos_to_final_2nd_half"]
-                head = r["text_composition"][src]
-                if head in comps:
-                    summary[f"{src}.cer_r2{tag}"] = comps[head]["r2_len"]
+                        summary[f"{src}.{comp}.fixed_cos{tag}{b}"] = st["cos_to_final_2nd_half" + b]
+            head = heads.get(src)
+            if head in comps:
+                summary[f"{src}.cer_r2{tag}"] = comps[head]["r2_len"]
+    for src, c in (context or {}).items():
+        summary[f"{src}.docs_over_context"] = c["docs"]
     return summary
 
 

@@ -22,6 +22,13 @@ REFERENCE_TEXT = (
     "contextual final-layer norms are expected weak; on synthetic text, mean pooling should flatten, the raw "
     "sum be convex and IND/INF/centred sums near-linear (r with n > 0.95) [brief, ours]."
 )
+NULL_TEXT = (
+    "Nulls [ours, issue 14]: (1) random vectors per piece — each subword id (static tables: each word) gets a "
+    "fixed random vector carrying no information, composed exactly like the model's; (2) the piece count "
+    "alone; (3) IC shuffled over words (95% permutation interval of ρ). A row survives when ρ lies outside "
+    "the shuffled interval and the paired bootstrap CIs of ρ − ρ_random and ρ − ρ_count exclude 0, in the "
+    "direction of ρ's sign. 'pooled' (CLS/EOS) has no random-piece analogue; one-piece sources have no count null."
+)
 STAND_INS = (
     "Models: MiniLM-L6 (all-MiniLM-L6-v2) stands in for BERT and SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) "
     "for LLaMA; ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder) or the state of an "
@@ -43,18 +50,58 @@ def _ci(row: dict, stat: str) -> str:
     return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
 
 
+VERDICT = {1: "survives (+)", -1: "survives (−)", 0: "does not survive"}
+
+
+def _nulls(r: dict) -> dict:
+    """The null columns of one raw row (empty when the run had no nulls)."""
+    if "verdict" not in r:
+        return {}
+    f = lambda v: "n/a" if v is None or not np.isfinite(v) else f"{v:.3f}"  # noqa: E731
+    return {"rho random vectors": f(r["null_random"]),
+            "rho piece count": f(r.get("piece_count_spearman")),
+            "shuffled-IC 95%": f"[{r['null_shuffle_lo']:.3f}, {r['null_shuffle_hi']:.3f}]",
+            "rho - random [CI]": "n/a" if not np.isfinite(r["null_random_diff_lo"]) else
+            f"{r['spearman'] - r['null_random']:.3f} [{r['null_random_diff_lo']:.3f}, {r['null_random_diff_hi']:.3f}]",
+            "verdict": VERDICT[r["verdict"]] + (f" ({r['failed']})" if r["failed"] else "")}  # fmt: skip
+
+
 def correlation_table(rows: list[dict]) -> list[dict]:
-    """Raw-norm rows: source × composition with Spearman/Pearson and their CIs, R², C1/C2 diagnostics."""
+    """Raw-norm rows: source × composition with Spearman/Pearson and their CIs, the nulls and the verdict,
+    R², C1/C2 diagnostics."""
     out = []
     for r in rows:
         if r["normalization"] != "raw":
             continue
         out.append({"source": r["source"], "composition": r["composition"], "n": r["n"],
-                    "spearman [CI]": _ci(r, "spearman"), "pearson [CI]": _ci(r, "pearson"), "R2": r["r2"],
+                    "spearman [CI]": _ci(r, "spearman"), **_nulls(r), "pearson [CI]": _ci(r, "pearson"), "R2": r["r2"],
                     "slope": r["slope"], "C1 dR2 quad": r.get("c1_delta_r2_quadratic"),
                     "C1 band rho": r.get("c1_band_spearman"), "C2 r(dot,PMI)": r.get("c2_pearson"),
                     "C2 pairs": r.get("c2_pairs"), "anisotropy": r.get("anisotropy")})  # fmt: skip
     return out
+
+
+def survival_text(rows: list[dict]) -> str:
+    """Which word-level conclusions survive the null baselines, source by source."""
+    raw = [r for r in rows if r["normalization"] == "raw" and "verdict" in r]
+    if not raw:
+        return "This run had no null baselines (analysis.nulls=false)."
+    lines = []
+    for src in dict.fromkeys(r["source"] for r in raw):
+        rs = [r for r in raw if r["source"] == src]
+        pos = [r["composition"] for r in rs if r["verdict"] == 1]
+        neg = [r["composition"] for r in rs if r["verdict"] == -1]
+        gone = [
+            f"{r['composition']} (ρ {r['spearman']:+.2f}; {r['failed']})" for r in rs if r["verdict"] == 0
+        ]
+        pc = rs[0].get("piece_count_spearman")
+        pc_txt = (
+            f"piece count alone ρ = {pc:+.2f}" if pc is not None and np.isfinite(pc) else "one piece per word"
+        )
+        lines.append(f"- **{src}** ({pc_txt}): positive correspondence beyond every null: "
+                     f"{', '.join(pos) or 'none'}; negative beyond every null: {', '.join(neg) or 'none'}; "
+                     f"explained by a null: {'; '.join(gone) or 'none'}.")  # fmt: skip
+    return "\n".join(lines)
 
 
 def composition_ranking(rows: list[dict]) -> list[dict]:
@@ -99,10 +146,12 @@ def scatter_figure(scatter: dict, rows: list[dict]):
         ax.scatter(ic, sq, s=3, alpha=0.4)
         xs = np.linspace(ic.min(), ic.max(), 2)
         ax.plot(xs, best["intercept"] + best["slope"] * xs, color="C3", lw=1.5)
-        ax.set_title(f"{src} / {best['composition']}\nρ={best['spearman']:.2f}, r={best['pearson']:.2f}", fontsize=8)
+        ax.set_title(
+            f"{src} / {best['composition']}\nρ={best['spearman']:.2f}, r={best['pearson']:.2f}", fontsize=8
+        )
         ax.set_xlabel("IC (−ln p)", fontsize=8)
         ax.set_ylabel("‖v‖²", fontsize=8)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     return fig
@@ -134,15 +183,23 @@ def band_table(scatter: dict, rows: list[dict]) -> list[dict]:
     return out
 
 
+def _ci_opt(st: dict, stat: str) -> str:
+    """``mean [lo, hi]`` when the run has bootstrap bounds over documents, else the mean alone."""
+    if stat + "_lo" not in st:
+        return f"{st[stat]:.3f}"
+    return f"{st[stat]:.3f} [{st[stat + '_lo']:.3f}, {st[stat + '_hi']:.3f}]"
+
+
 def length_table(length: dict) -> list[dict]:
     out = []
     for src, kinds in length.items():
         for kind, comps in kinds.items():
             for comp, st in comps.items():
-                row = {"source": src, "texts": kind, "composition": comp, "R2 vs n": st["r2_len"],
+                row = {"source": src, "texts": kind, "composition": comp, "docs": st.get("n_docs"),
+                       "R2 vs n [CI]": _ci_opt(st, "r2_len"),
                        "R2 vs unigram IC": st["r2_ic"], "monotone rho": st["monotone_spearman"],
                        "curvature": st["curvature"], "half-slope ratio": st["half_slope_ratio"],
-                       "cos(v_n, v_N) 2nd half": st["cos_to_final_2nd_half"],
+                       "cos(v_n, v_N) 2nd half [CI]": _ci_opt(st, "cos_to_final_2nd_half"),
                        "norm2 growth 2nd half": st["norm_growth_2nd_half"]}  # fmt: skip
                 if "r2_lm_ic" in st:
                     row["R2 vs LM IC"] = st["r2_lm_ic"]
@@ -176,8 +233,9 @@ def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
     for r in rows:
         if r["composition"] == "word" and r["normalization"] == "raw":
             inside = "inside" if 0.3 <= r["pearson"] <= 0.65 else "outside"
+            null = f"; against the nulls: {VERDICT[r['verdict']]}" if "verdict" in r else ""
             lines.append(f"- {r['source']} raw ‖v‖² vs IC: Pearson {_ci(r, 'pearson')}, Spearman {_ci(r, 'spearman')} "
-                         f"(n={r['n']}); {inside} the brief's expected r ≈ 0.3–0.65.")  # fmt: skip
+                         f"(n={r['n']}); {inside} the brief's expected r ≈ 0.3–0.65{null}.")  # fmt: skip
     for name, o in (oyama or {}).items():
         for tag in ("raw", "centred"):
             if tag in o:
@@ -189,17 +247,37 @@ def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
         top = ", ".join(f"{t['composition']} ({t['mean spearman']:.2f})" for t in ranking[:4])
         low = ", ".join(f"{t['composition']} ({t['mean spearman']:.2f})" for t in ranking[-3:])
         lines.append(f"- Compositions, mean Spearman over subword sources: best {top}; worst {low}.")
+    raw = [r for r in rows if r["normalization"] == "raw" and "verdict" in r and r["composition"] != "word"]
+    if raw:
+        ok = sum(r["verdict"] == 1 for r in raw)
+        lines.append(f"- Null baselines: {ok} of {len(raw)} (subword source × composition) rows keep a positive "
+                     "correspondence beyond random vectors per piece, the piece count and shuffled IC; the rest "
+                     "are listed under 'Which conclusions survive the null baselines'.")  # fmt: skip
+    null = length.get("null_random", {}).get("synthetic", {})
     for src, kinds in length.items():
         syn = kinds.get("synthetic", {})
-        if not syn:
+        if not syn or src == "null_random":
             continue
         linear = [c for c, st in syn.items() if st["pearson_len"] > 0.95]
         lines.append(f"- CER, {src} (synthetic): r(n, ‖v_n‖²) > 0.95 for {', '.join(linear) or 'none'}; "
                      + "; ".join(f"{c}: R²={syn[c]['r2_len']:.2f}, curvature={syn[c]['curvature']:.2f}, "
                                  f"cos(v_n,v_N)={syn[c]['cos_to_final_2nd_half']:.3f}"
                                  for c in ("mean", "sum", "ind", "pooled") if c in syn) + ".")  # fmt: skip
-    lines.append("- Brief's expectation [ours]: mean flattens (fixed point), raw sum convex, IND/INF/centred sums "
-                 "near-linear (r > 0.95); the paper: BERT CLS and LLaMA EOS converge towards a fixed point.")
+    if null:
+        lines.append(
+            "- CER null (random word vectors, no information): "
+            + "; ".join(
+                f"{c}: R²={null[c]['r2_len']:.2f}, cos(v_n,v_N)={null[c]['cos_to_final_2nd_half']:.3f}"
+                for c in ("mean", "sum", "ind")
+                if c in null
+            )
+            + ". A source's CER shape means something only where "
+            "it departs from these: a mean-pooling fixed point and a linear IND are algebra, not the model."
+        )
+    lines.append(
+        "- Brief's expectation [ours]: mean flattens (fixed point), raw sum convex, IND/INF/centred sums "
+        "near-linear (r > 0.95); the paper: BERT CLS and LLaMA EOS converge towards a fixed point."
+    )
     return "\n".join(lines)
 
 
@@ -211,8 +289,8 @@ def fixed_point_table(length: dict) -> list[dict]:
             for comp in ("pooled", "mean"):
                 if comp in comps:
                     st = comps[comp]
-                    out.append({"source": src, "texts": kind, "composition": comp,
-                                "cos(v_n, v_N) 2nd half": st["cos_to_final_2nd_half"],
+                    out.append({"source": src, "texts": kind, "composition": comp, "docs": st.get("n_docs"),
+                                "cos(v_n, v_N) 2nd half [CI]": _ci_opt(st, "cos_to_final_2nd_half"),
                                 "sd": st["cos_to_final_2nd_half_sd"],
                                 "norm2 growth 2nd half": st["norm_growth_2nd_half"],
                                 "half-slope ratio": st["half_slope_ratio"], "R2 vs n": st["r2_len"]})  # fmt: skip
@@ -227,6 +305,7 @@ def build_sections(run_dir: Path) -> list[Section]:
     scatter = _load(run_dir, "analysis/scatter.json") or {}
     length = _load(run_dir, "analysis/length.json") or {}
     oyama = _load(run_dir, "analysis/oyama_kl.json")
+    context = _load(run_dir, "analysis/context.json") or {}
     sections = [
         Section("Findings against the reference figures", findings_text(rows, length, oyama)),
         Section("Setup", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
@@ -235,6 +314,7 @@ def build_sections(run_dir: Path) -> list[Section]:
                 + STAND_INS + "\n\n" + REFERENCE_TEXT),  # fmt: skip
         Section("Word level: ‖v‖² vs IC per source × composition (raw norms)", table=correlation_table(rows),
                 figure=scatter_figure(scatter, rows)),
+        Section("Which conclusions survive the null baselines", NULL_TEXT + "\n\n" + survival_text(rows)),
         Section("Compositions ranked by how well they preserve the correspondence",
                 "Mean Spearman over the subword sources (input tables and layers); higher is better. Caveat "
                 "[ours]: SIF weights are a/(a + p), a function of frequency itself, so part of SIF's "
@@ -254,8 +334,10 @@ def build_sections(run_dir: Path) -> list[Section]:
         sections.append(Section(
             "Constant entropy rate: ‖v_n‖² over prefixes of growing length",
             "Synthetic texts are i.i.d. unigram draws (IC exactly additive, so linear in n in expectation); "
-            "natural texts are the packaged Lee news documents restricted to known words. Curves are means "
-            "over documents of ‖v_n‖²/‖v_N‖²; the dotted line is exact proportionality.",
+            "natural texts are packaged documents (Wikipedia slice by default) restricted to known words. "
+            "Statistics are means over documents with 95% percentile-bootstrap CIs over documents; source "
+            "'null_random' composes random word vectors (the null). Curves are means over documents of "
+            "‖v_n‖²/‖v_N‖²; the dotted line is exact proportionality.",
             table=length_table(length), figure=length_figure(length, "synthetic")))  # fmt: skip
         sections.append(Section(
             "Fixed point of CLS/EOS and mean pooling",
@@ -263,4 +345,12 @@ def build_sections(run_dir: Path) -> list[Section]:
             "moving) and the relative growth of ‖v‖² over that half (0 = the norm has stopped growing). The "
             "mean-pooling fixed point is a property of averaging (brief §8), shown as the control.",
             table=fixed_point_table(length), figure=length_figure(length, "natural")))  # fmt: skip
+    if context:
+        sections.append(Section(
+            "Documents longer than the model's context",
+            "Length-experiment texts keep every piece the model accepts; a prefix longer than the context is cut "
+            "to it (with a warning), which would flatten its curve artificially. Counts per source:",
+            table=[{"source": s, "documents": c["n_docs"], "over context": c["docs"], "prefixes cut": c["prefixes"],
+                    "context (pieces)": c["limit"], "longest text (pieces)": c["max_pieces"]}
+                   for s, c in context.items()]))  # fmt: skip
     return sections

@@ -32,6 +32,7 @@ class ItemSet:
         p: ``(n, pos)`` item probabilities (for SIF).
         pooled: ``(n, d_model)`` CLS/EOS states, or None for static sources.
         surprisal: ``(n, pos)`` LM surprisal of each piece in nats (decoders), else None.
+        ids: ``(n, pos)`` long piece ids (padding −1; static tables: the word's row), for the random-vector null.
     """
 
     x: Tensor
@@ -39,19 +40,26 @@ class ItemSet:
     p: Tensor
     pooled: Tensor | None = None
     surprisal: Tensor | None = None
+    ids: Tensor | None = None
 
 
 def static_words(table: StaticEmbeddings, words: list[str], p_words: np.ndarray) -> ItemSet:
     """One item per word: ``x`` is ``(n, 1, d_model)``."""
     x = torch.from_numpy(table.lookup(words)).float()[:, None]
-    return ItemSet(x, torch.ones(len(words), 1, dtype=torch.bool), torch.from_numpy(p_words).float()[:, None])
+    ids = torch.tensor([table.index[w] for w in words], dtype=torch.long)[:, None]
+    return ItemSet(x, torch.ones(len(words), 1, dtype=torch.bool), torch.from_numpy(p_words).float()[:, None],
+                   ids=ids)  # fmt: skip
 
 
 def static_texts(table: StaticEmbeddings, texts: list[list[str]], p_of: dict[str, float]) -> ItemSet:
     """Word items of tokenised texts, padded: ``x`` is ``(n, max_words, d_model)``."""
     pos = max(len(t) for t in texts)
     d = table.vectors.shape[1]
-    x, mask, p = torch.zeros(len(texts), pos, d), torch.zeros(len(texts), pos, dtype=torch.bool), torch.ones(len(texts), pos)
+    x, mask, p = (
+        torch.zeros(len(texts), pos, d),
+        torch.zeros(len(texts), pos, dtype=torch.bool),
+        torch.ones(len(texts), pos),
+    )
     for i, t in enumerate(texts):
         x[i, : len(t)] = torch.from_numpy(table.lookup(t))
         mask[i, : len(t)] = True
@@ -62,7 +70,7 @@ def static_texts(table: StaticEmbeddings, texts: list[list[str]], p_of: dict[str
 def subword_probabilities(tok, words: list[str], p_words: np.ndarray, arch: str) -> dict[int, float]:
     """p(t) ∝ Σ_w p(w)·count(t in pieces(w)) over ``words``, normalised to sum 1."""
     acc: dict[int, float] = defaultdict(float)
-    for ids, pw in zip(piece_ids(tok, words, arch, max_pieces=64), p_words):
+    for ids, pw in zip(piece_ids(tok, words, arch), p_words):
         for t in ids:
             acc[t] += float(pw)
     total = sum(acc.values())
@@ -82,9 +90,10 @@ def layer_items(states: TokenStates, layer: int, p_sub: dict[int, float]) -> Ite
         raise ValueError(f"layer {layer} was not extracted; have {states.layers}")
     k = states.layers.index(layer)
     return ItemSet(states.states[:, k], states.mask, piece_p(states.piece_ids, p_sub), states.pooled[:, k],
-                   states.surprisal)  # fmt: skip
+                   states.surprisal, states.piece_ids)  # fmt: skip
 
 
 def input_items(model, states: TokenStates, p_sub: dict[int, float]) -> ItemSet:
     """Items from the model's input embedding table at the same pieces (no pooled state)."""
-    return ItemSet(input_table_states(model, states.piece_ids), states.mask, piece_p(states.piece_ids, p_sub))
+    return ItemSet(input_table_states(model, states.piece_ids), states.mask, piece_p(states.piece_ids, p_sub),
+                   ids=states.piece_ids)  # fmt: skip

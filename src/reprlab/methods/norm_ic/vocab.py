@@ -69,7 +69,9 @@ def sample_vocabulary(
     if keep is not None:
         words = [w for w in words if keep(w)]
     if len(words) < n_eval + n_fit:
-        raise ValueError(f"only {len(words)} candidate words for n_eval={n_eval} + n_fit={n_fit}; raise top_k")
+        raise ValueError(
+            f"only {len(words)} candidate words for n_eval={n_eval} + n_fit={n_fit}; raise top_k"
+        )
     zipf = np.array([wordfreq.zipf_frequency(w, "en", wordlist="large") for w in words])
     edges = np.linspace(zipf.max() + 1e-9, zipf.min() - 1e-9, n_bands + 1)
     band = np.clip(np.searchsorted(-edges, -zipf, side="right") - 1, 0, n_bands - 1)
@@ -82,7 +84,11 @@ def sample_vocabulary(
     if len(chosen) < n_eval:  # sparse top bands: top up from the remaining words
         rest = np.setdiff1d(np.arange(len(words)), chosen)
         chosen.extend(rng.choice(rest, size=n_eval - len(chosen), replace=False).tolist())
-    chosen = sorted(rng.choice(chosen, size=n_eval, replace=False).tolist()) if len(chosen) > n_eval else sorted(chosen)
+    chosen = (
+        sorted(rng.choice(chosen, size=n_eval, replace=False).tolist())
+        if len(chosen) > n_eval
+        else sorted(chosen)
+    )
     rest = np.setdiff1d(np.arange(len(words)), chosen)
     fit = sorted(rng.choice(rest, size=n_fit, replace=False).tolist())
     return Vocabulary(
