@@ -12,6 +12,7 @@ from reprlab.config import load_config
 from reprlab.errors import DataError
 from reprlab.methods.crl_safety import recipe as R
 from reprlab.methods.crl_safety import trainer as T
+from reprlab.methods.crl_safety.data import REFUSALS
 from reprlab.runs import Run
 
 REFUSAL = "I'm sorry, but I can't help with that request."
@@ -40,8 +41,8 @@ def refusing_base(monkeypatch):
     """Every reply of the base model is a refusal; the trainer records what it is given and stops the run."""
     seen = {}
 
-    def replies(model, tok, fmt, prompts, n):
-        return [REFUSAL for _ in prompts]
+    def replies(model, tok, fmt, prompts, n):  # the user files' harmless prompts get a plain answer
+        return ["Here is a short answer." if p.startswith("Tell me about") else REFUSAL for p in prompts]
 
     class Recorder(T.Trainer):
         def __init__(self, kind, model, cfg, harmful, benign, pad_id, *a, **k):
@@ -97,3 +98,26 @@ def test_completion_model_replaces_the_base_for_harmful_completions(tmp_path, re
     assert asked == ["some/uncensored-model"]  # one load for the train and eval harmful prompts
     _, tok = R.load_model(cfg, "cpu")
     assert all(COMPLY.startswith(tok.decode(r)) for _, r in refusing_base["crl"][0])
+
+
+def test_rr_retain_set_holds_refusals_as_circuit_breakers(tmp_path, refusing_base):
+    rows = [{"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"} for i in range(10)]
+    rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=str(p))
+    cfg = load_config(R.Config, {**_as_dict(cfg), "models": ["rr"]})
+    with pytest.raises(Stop):
+        R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-llama3-8b", quiet=True))
+    harmful, retain_set, _, _ = refusing_base["rr"]
+    _, tok = R.load_model(cfg, "cpu")
+    texts = [tok.decode(r) for _, r in retain_set]
+    assert len(retain_set) == 4 + 6  # harmless train pairs + one refusal per harmful training prompt
+    assert sum(any(r.startswith(t.strip()) for r in REFUSALS) for t in texts) == 6  # refusal pairs end the turn (trailing newline)
+    assert all(COMPLY.startswith(tok.decode(r)) for _, r in harmful)  # rerouted: compliant completions only
+
+
+def _as_dict(cfg):
+    import dataclasses
+
+    return dataclasses.asdict(cfg)

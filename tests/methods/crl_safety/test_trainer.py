@@ -252,3 +252,53 @@ def test_retain_kl_is_batchmean_over_request_and_response_tokens(tiny, data):
     torch.testing.assert_close(got.detach(), ref, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="retain set"):
         Trainer("crl", peft, dcfg, harm, ben, tok.pad_token_id)
+
+
+def test_rr_as_published_reroutes_and_retains_over_request_and_response(tiny, data):
+    """CB's losses recomputed from two plain forwards: reroute = sum of ReLU(cos) over every non-pad token (request
+    and response) at the target layers / token count; retain = mean L2 over every non-pad token of all layers."""
+    import random
+
+    import torch.nn.functional as F
+
+    from reprlab.methods.crl_safety.config import RrCfg
+
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    cfg = _cfg(center_states=False)
+    assert (cfg.rr.reroute_tokens, cfg.rr.retain_tokens, cfg.rr.retain_refusals) == ("all", "all", True)  # CB defaults
+    tr = Trainer("rr", peft, cfg, harm, ben, tok.pad_token_id, seed=5)
+    rng = random.Random(5)
+    ih, ib = rng.sample(range(len(harm)), 3), rng.sample(range(len(ben)), 3)
+    _, info = tr.loss(0)
+
+    def states(pairs, idx, adapters):
+        b = collate([pairs[i] for i in idx], tok.pad_token_id)
+        with torch.no_grad():
+            if adapters:
+                hs = forward(peft, b.attention_mask, input_ids=b.input_ids).hidden_states
+            else:
+                with peft.disable_adapter():
+                    hs = forward(peft, b.attention_mask, input_ids=b.input_ids).hidden_states
+        return torch.stack(hs), b.attention_mask.bool()  # [layers + 1, batch, pos, d], [batch, pos]
+
+    (hp, m), (hf, _) = states(harm, ih, True), states(harm, ih, False)
+    lay = [1, 3]
+    cos = F.cosine_similarity(hp[lay], hf[lay], dim=-1)  # [2, batch, pos]
+    reroute = (F.relu(cos) * m).sum() / (m.sum() * len(lay))
+    assert m.sum() > sum(len(harm[i][1]) for i in ih)  # the mask covers the request too
+    (bp, mb), (bf, _) = states(ben, ib, True), states(ben, ib, False)
+    retain = ((bp - bf).norm(dim=-1) * mb).sum() / (mb.sum() * bp.shape[0])
+    assert info["reroute"] == pytest.approx(float(reroute), rel=1e-4)  # float32 padding-layout noise
+    assert info["retain"] == pytest.approx(float(retain), rel=1e-4)
+    import dataclasses
+
+    rr_old = RrCfg(layers="1,3", retain_layers="all", reroute_tokens="response", retain_tokens="response")
+    old = Trainer("rr", peft, dataclasses.replace(cfg, rr=rr_old), harm, ben, tok.pad_token_id, seed=5)
+    assert old.loss(0)[1]["reroute"] != pytest.approx(info["reroute"], rel=1e-3)  # the option changes the term

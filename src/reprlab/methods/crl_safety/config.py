@@ -72,6 +72,14 @@ class RrCfg:
     alpha: float = field(default=10.0, metadata=_h("schedule scale (CB Llama-3: 10)"))
     layers: str = field(default="third,two_thirds", metadata=_h("reroute layers (CB Llama-3: 10,20 of 32)"))
     retain_layers: str = field(default="all", metadata=_h("retain layers (CB: all hidden states)"))
+    reroute_tokens: str = field(default="all", metadata=_h(
+        "tokens of the reroute term: 'all' (CB: request and response, the circuit-breaker attention mask) or "
+        "'response' (this repo before issue 13)"))
+    retain_tokens: str = field(default="all", metadata=_h(
+        "tokens of the retain term: 'all' (CB: request and response) or 'response'"))
+    retain_refusals: bool = field(default=True, metadata=_h(
+        "retain set also holds harmful prompt -> refusal pairs (CB's Llama-3 retain data holds refusals; False = "
+        "harmless pairs only, as before issue 13)"))
     schedule_steps: int = field(default=0, metadata=_h(
         "N of the schedule c_retain = alpha t/(2N); 0 = optim.steps (CB: N = its 150 steps). [ours] A larger N "
         "keeps a short run on the early, reroute-heavy part of CB's schedule"))

@@ -238,7 +238,7 @@ def run(cfg: Config, run) -> dict:
                 torch.manual_seed(cfg.seed)  # every defence starts from the same adapter init and dropout stream
                 peft = add_lora(model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
                 harm = compliant
-                ben = benign if kind == "rr" else benign_crl
+                ben = (benign + refusals if cfg.defense.rr.retain_refusals else benign) if kind == "rr" else benign_crl
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
                     with peft.disable_adapter():
                         center = state_means(peft, compliant, benign_crl, pad)

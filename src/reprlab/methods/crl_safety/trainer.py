@@ -140,18 +140,27 @@ class Trainer:
         n = min(self.cfg.optim.batch_size, len(pairs))
         return (rng or self.rng).sample(range(len(pairs)), n)
 
-    def _token_mask(self, batch: Batch) -> Tensor:
+    def _token_mask(self, batch: Batch, which: str = "harmful") -> Tensor:
+        """Tokens whose states a term reads: response tokens, CRL's 'last', or RR's request + response ('all')."""
         if self.kind in ("crl", "crl_adv") and self.cfg.crl.tokens == "last":
             return L.last_token_mask(batch.response_mask)
+        if self.kind == "rr":
+            rr = self.cfg.rr
+            spec = rr.reroute_tokens if which == "harmful" else rr.retain_tokens
+            if spec not in ("all", "response"):
+                raise ValueError(f"rr token spec must be 'all' or 'response', got {spec!r}")
+            if spec == "all":
+                return batch.attention_mask.bool()
         return batch.response_mask
 
     @torch.no_grad()
-    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool) -> tuple[list[Tensor], list[Tensor] | None]:
+    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool,
+                     which: str = "harmful") -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
         """Frozen (adapters disabled) states/logits split per row of ``batch``."""
         with self.model.disable_adapter():
             out = forward(self.model, batch.attention_mask, input_ids=batch.input_ids, hidden=bool(layers),
                           logits_last=batch.n_response + 1 if logits else 1)  # fmt: skip
-        mask = self._token_mask(batch)
+        mask = self._token_mask(batch, which)
         states = [torch.stack([out.hidden_states[i][r][mask[r]] for i in layers]) if layers else torch.empty(0)
                   for r in range(mask.shape[0])]  # fmt: skip
         rows = None
@@ -163,13 +172,13 @@ class Trainer:
     def _frozen_rows(self, which: str, pairs: list[Pair], idx: list[int], batch: Batch, logits: bool):
         layers = self.layers.get(which, [])
         if not self.cfg.optim.cache_frozen:
-            states, rows = self._frozen_pass(batch, layers, logits)
+            states, rows = self._frozen_pass(batch, layers, logits, which)
             return torch.cat(states, dim=1) if layers else None, torch.cat(rows) if logits else None
         if which not in self._frozen:
             cache = FrozenRows([], [] if logits else None)
             for s in range(0, len(pairs), 8):
                 chunk = list(range(s, min(s + 8, len(pairs))))
-                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits)
+                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which)
                 cache.states += st
                 if logits:
                     cache.logits += rw
@@ -207,11 +216,11 @@ class Trainer:
         c_retain, c_reroute = L.rr_coefficients(step, c.schedule_steps or self.cfg.optim.steps, c.alpha)
         oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
         lh = self.layers["harmful"]
-        h_harm = L.select_tokens(oh.hidden_states, lh, bh.response_mask)
+        h_harm = L.select_tokens(oh.hidden_states, lh, self._token_mask(bh, "harmful"))
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
         reroute = L.rr_reroute_loss(self._c(h_harm, lh), self._c(f_harm, lh))
         ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, logits_last=1)
-        h_ben = L.select_tokens(ob.hidden_states, self.layers["benign"], bb.response_mask)
+        h_ben = L.select_tokens(ob.hidden_states, self.layers["benign"], self._token_mask(bb, "benign"))
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
         retain = L.rr_retain_loss(h_ben, f_ben)
         loss = c_retain * retain + c_reroute * reroute
