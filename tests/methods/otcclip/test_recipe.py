@@ -111,3 +111,39 @@ def _audit_cli_on_user_files(tmp_path, run_dir):
     assert len((tmp_path / "aud" / "flagged.csv").read_text().splitlines()) == 4
     bad = CliRunner().invoke(app, ["audit", str(tmp_path / "user.csv")])  # neither --run nor --hf-model
     assert bad.exit_code != 0 and "exactly one" in str(bad.exception)
+
+
+def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts():
+    """Seed 0 of issue 11's table: attacked, defended, but OTCCLIP's accuracy is the worst -> known verdicts."""
+    from reprlab.results.claims import evaluate_claims, parse_claims
+
+    spec = yaml.safe_load(YAML.read_text())
+    claims = parse_claims(spec["claims"], str(YAML))
+    metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
+    rows = {
+        "none": (0.567, 0.695, 1.0, 0.74),
+        "roclip": (0.339, 0.554, 0.5, 0.3),
+        "safeclip": (0.575, 0.644, 0.25, 0.0),
+        "otcclip": (0.342, 0.422, 0.0, 0.01),
+    }
+    summary = {f"{d}.{m}": v for d, vals in rows.items() for m, v in zip(metrics, vals)}
+    # every key a claim reads (bar the sweep-only .ci_hi ones) is one the recipe writes
+    assert {k.removesuffix(".ci_hi") for c in claims for k in c.keys} <= set(summary)
+    verdicts = {r.claim.name: r.holds for r in evaluate_claims(claims, summary)}
+    assert verdicts == {
+        "undefended_targeted_attacked": True,
+        "undefended_backdoor_attacked": True,
+        "otcclip_defends": True,
+        "otcclip_zero_shot_best": False,
+        "otcclip_linear_probe_best": False,
+        "otcclip_zero_shot_within_ci": None,
+        "otcclip_linear_probe_within_ci": None,
+    }
+    ci = {**summary, "otcclip.zeroshot_acc.ci_hi": 0.58, "otcclip.linear_probe_acc.ci_hi": 0.6}
+    verdicts = {r.claim.name: r.holds for r in evaluate_claims(claims, ci)}
+    assert (
+        verdicts["otcclip_zero_shot_within_ci"] is True
+        and verdicts["otcclip_linear_probe_within_ci"] is False
+    )
+    for path in YAML.parent.glob("*.yaml"):  # every otcclip recipe states the same claims
+        assert [c["check"] for c in yaml.safe_load(path.read_text())["claims"]] == [c.check for c in claims]
