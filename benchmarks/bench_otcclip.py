@@ -3,7 +3,11 @@
 1. Epoch time of the same tiny CLIP on the same poisoned mosaics, plain CLIP (defense "none") vs OTCCLIP
    (a non-matching epoch with the inter/intra OT losses, and a matching epoch with OT re-ranking).
    The issue's target: overhead ratio <= 1.3.
-2. Re-ranking B images x k shortlisted captions by the patch-token OT distance: our batched
+2. Re-matching OT convergence: the configured tolerance solve (``match_tol`` 1e-3, at most
+   ``match_max_iters`` 1000) vs the old fixed 50 iterations, on clustered sets (like trained features):
+   largest marginal error and cost error vs a reference solve, and time; plus a matching epoch's time
+   with each (``matching_epoch_tol_vs_fixed50``).
+3. Re-ranking B images x k shortlisted captions by the patch-token OT distance: our batched
    ``reprlab.ot.ot_distance`` vs POT ``ot.sinkhorn2`` (log-domain) called per pair, same eps and
    iterations; the costs are compared too.
 
@@ -14,12 +18,14 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
+from dataclasses import replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_distances
+from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
 from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
 from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
@@ -41,11 +47,18 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     mcfg, tcfg = ModelConfig(patch_size=14), TrainConfig(epochs=4, batch_size=50, warmup_steps=5)
     dcfg = DefenseConfig(bank_size=2048, rematch_warmup=1, rematch_every=2)
+    fixed = replace(dcfg, ot=replace(dcfg.ot, match_tol=None))  # the old matching: 50 fixed iterations
     out = {}
-    for defense, epoch, label in (("none", 0, "clip"), ("otcclip", 0, "otc"), ("otcclip", 1, "otc_match")):
+    runs = (
+        ("none", 0, "clip", dcfg),
+        ("otcclip", 0, "otc", dcfg),
+        ("otcclip", 1, "otc_match", dcfg),
+        ("otcclip", 1, "otc_match_fixed50", fixed),
+    )
+    for defense, epoch, label, dc in runs:
         torch.manual_seed(0)
-        tr = Trainer(TinyCLIP(mcfg, len(tok)), bed.pairs, tok, defense, tcfg, dcfg, seed=0)
-        if label == "otc_match":
+        tr = Trainer(TinyCLIP(mcfg, len(tok)), bed.pairs, tok, defense, tcfg, dc, seed=0)
+        if label.startswith("otc_match"):
             tr.run_epoch(0)  # fill the bank as in a real run
         times = []
         for _ in range(repeats):
@@ -54,6 +67,54 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         out[label] = min(times)  # min over repeats: least disturbed by other processes
     return out
+
+
+def clustered_sets(batch: int, n: int, m: int, d: int = 64, k: int = 4, spread: float = 0.3, seed: int = 0):
+    """Patch/token sets around ``k`` shared directions (like trained features, where Sinkhorn is slowest)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = F.normalize(torch.randn(k, d, generator=g), dim=-1)
+
+    def draw(size):
+        noise = spread * torch.randn(batch, size, d, generator=g) / d**0.5
+        return F.normalize(centres[torch.randint(0, k, (batch, size), generator=g)] + noise, dim=-1)
+
+    x, y = draw(n), draw(m)
+    lengths = torch.randint(4, m + 1, (batch,), generator=g)
+    return x, y, torch.arange(m)[None] < lengths[:, None]
+
+
+def match_convergence(batch: int = 32 * 17, n: int = 16, m: int = 14) -> list[dict]:
+    """Re-matching OT as configured (tol 1e-3, <= 1000 iterations) vs the old fixed 50 iterations, on
+    clustered sets: largest marginal error, largest cost error vs a reference run to 1e-7, time."""
+    x, y, y_mask = clustered_sets(batch, n, m)
+    rows = []
+    for eps in (0.05, 0.02):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = ot_solve(
+                x, y, None, y_mask, OTConfig(eps=eps, match_tol=1e-7, match_max_iters=10_000), True
+            )
+            for label, cfg in (
+                ("fixed 50", OTConfig(eps=eps, match_tol=None)),
+                ("tol 1e-3", OTConfig(eps=eps)),
+            ):
+                times = []
+                for _ in range(2):
+                    t = time.perf_counter()
+                    res = ot_solve(x, y, None, y_mask, cfg, matching=True)
+                    times.append(time.perf_counter() - t)
+                rows.append(
+                    {
+                        "eps": eps,
+                        "solve": label,
+                        "iters": res.n_iters,
+                        "max_marginal_error": float(res.marginal_error.max()),
+                        "max_cost_error": float((res.cost - ref.cost).abs().max()),
+                        "converged_share": float(res.converged.float().mean()),
+                        "seconds": min(times),
+                    }
+                )
+    return rows
 
 
 def rematch_throughput(
@@ -96,6 +157,7 @@ def main() -> None:
     torch.set_num_threads(1)
     ep = epoch_times()
     rm = rematch_throughput()
+    conv = match_convergence()
     print(f"{'epoch (500 pairs, batch 50)':32s} {'seconds':>9s} {'ratio vs CLIP':>14s}")
     for label, secs in ep.items():
         print(f"{label:32s} {secs:9.2f} {secs / ep['clip']:14.2f}")
@@ -105,6 +167,17 @@ def main() -> None:
     print(f"{'ours (batched)':32s} {rm['ours_pairs_per_s']:12.0f} pairs/s")
     print(f"{'POT sinkhorn_log per pair':32s} {rm['pot_pairs_per_s']:12.0f} pairs/s")
     print(f"speedup {rm['speedup']:.1f}x, max |cost diff| {rm['max_abs_cost_diff']:.2e}")
+    print(f"\nre-matching OT convergence, {32 * 17} clustered problems (16 x <=14 points, 4 clusters)")
+    print(
+        f"{'eps':>5s} {'solve':10s} {'iters':>6s} {'max marg err':>13s} {'max cost err':>13s} {'conv':>6s} {'ms':>8s}"
+    )
+    for r in conv:
+        print(
+            f"{r['eps']:5.2f} {r['solve']:10s} {r['iters']:6d} {r['max_marginal_error']:13.2e} "
+            f"{r['max_cost_error']:13.2e} {r['converged_share']:6.3f} {1e3 * r['seconds']:8.1f}"
+        )
+    tol_vs_fixed = {r["eps"]: r["seconds"] for r in conv if r["solve"] == "tol 1e-3"}
+    fixed_t = {r["eps"]: r["seconds"] for r in conv if r["solve"] == "fixed 50"}
     # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
     # half the post-warm-up epochs match)
     overhead = 0.5 * (ep["otc"] + ep["otc_match"]) / ep["clip"]
@@ -114,6 +187,16 @@ def main() -> None:
                 "epoch_overhead_ratio": round(overhead, 3),
                 "epoch_overhead_ratio_matching": round(ep["otc_match"] / ep["clip"], 3),
                 "epoch_overhead_ratio_nonmatching": round(ep["otc"] / ep["clip"], 3),
+                "matching_epoch_tol_vs_fixed50": round(ep["otc_match"] / ep["otc_match_fixed50"], 3),
+                "match_ot_time_tol_vs_fixed50": {
+                    str(e): round(tol_vs_fixed[e] / fixed_t[e], 2) for e in fixed_t
+                },
+                "match_ot_max_marginal_error": {
+                    f"{r['solve']} eps {r['eps']}": r["max_marginal_error"] for r in conv
+                },
+                "match_ot_max_cost_error": {
+                    f"{r['solve']} eps {r['eps']}": r["max_cost_error"] for r in conv
+                },
                 "rematch_speedup_vs_pot": round(rm["speedup"], 2),
                 "rematch_pairs_per_s": round(rm["ours_pairs_per_s"], 1),
                 "max_abs_cost_diff_vs_pot": rm["max_abs_cost_diff"],
