@@ -230,3 +230,21 @@ def test_a_new_defense_is_a_registered_class():
     assert not tr.impl.uses_bank and tr.impl.match_phases == ()
     tr.step(ALL, 0, 0, "clip")
     assert len(tr.bank) == 0  # only bank-using defenses fill the bank
+
+
+# ---------------------------------------------------------------------------------------------- CleanCLIP
+def test_cleanclip_adds_its_inmodal_loss_after_plain_clip_pretraining():
+    tr = _planted("cleanclip", cleanclip_start_epoch=1, cleanclip_inmodal_weight=0.5)
+    assert [tr.phase(e) for e in range(3)] == ["clip", "cleanclip", "cleanclip"]
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 1, 0, "cleanclip")
+    u = torch.nn.functional.one_hot(image_class(tr.data), DIM).double()
+    w = torch.nn.functional.one_hot(tr.data.sig, DIM).double()
+
+    def rows_ce(z):  # CE over rows of scale * z z^T (views are identical without augmentation)
+        logits = scale * z @ z.T
+        return float(-(logits.diagonal() - torch.logsumexp(logits, 1)).mean())
+
+    inmodal = 0.5 * (rows_ce(u) + rows_ce(w))
+    assert out.terms["inmodal"] == pytest.approx(inmodal, abs=1e-5)
+    assert out.loss == pytest.approx(symmetric_infonce(u, w, scale) + 0.5 * inmodal, abs=1e-5)

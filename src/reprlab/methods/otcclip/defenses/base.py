@@ -76,9 +76,19 @@ class DefenseConfig:
     )
     safeclip_ratio_max: float = field(default=0.85, metadata={"help": "safe share cap (paper: 0.85)"})
     unimodal_temperature: float = field(default=0.1, metadata={"help": "in-modality InfoNCE temperature"})
-    cleanclip_lambda: float = field(
+    cleanclip_start_epoch: int = field(
+        default=6,
+        metadata={
+            "help": "[ours] CleanCLIP fine-tunes a (poisoned) CLIP: epochs before this one are plain CLIP "
+            "pre-training, the rest use the CleanCLIP objective on the same data (no separate clean set)"
+        },
+    )
+    cleanclip_inmodal_weight: float = field(
+        default=1.0, metadata={"help": "CleanCLIP weight of the in-modality loss (its inmodal_weight option)"}
+    )
+    cleanclip_clip_weight: float = field(
         default=1.0,
-        metadata={"help": "CleanCLIP weight of the in-modality self-supervised losses (its code: 1)"},
+        metadata={"help": "CleanCLIP weight of the cross-modal CLIP loss (its clip_weight option)"},
     )
 
 
