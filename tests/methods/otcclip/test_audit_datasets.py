@@ -133,10 +133,17 @@ def test_missing_or_misnamed_columns_name_the_file_and_the_expected_columns(tmp_
     with pytest.raises(DataError, match=r"nocap.csv: no caption column.*'caption', 'text', 'title'"):
         load_pairs(tmp_path / "nocap.csv")
     (tmp_path / "wrong.csv").write_text("img,desc\na.png,a dog\n")
-    with pytest.raises(DataError, match=r"wrong.csv: no image and caption column.*\['img', 'desc'\].*'image'"):
+    with pytest.raises(
+        DataError, match=r"wrong.csv: no image and caption column.*\['img', 'desc'\].*'image'"
+    ):
         load_pairs(tmp_path / "wrong.csv")
     # JSONL rows are judged one by one: a row without a caption key is missing_caption, not empty_caption
-    rows = [{"image": "a.png", "caption": "a dog"}, {"image": "b.png"}, {"image": "b.png", "caption": " "}, {}]
+    rows = [
+        {"image": "a.png", "caption": "a dog"},
+        {"image": "b.png"},
+        {"image": "b.png", "caption": " "},
+        {},
+    ]
     (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     _, _, rep = load_pairs(tmp_path / "p.jsonl", image_size=28)
     assert dict(rep.skipped) == {"missing_caption": 1, "empty_caption": 1, "missing_image_path": 1}
@@ -160,6 +167,10 @@ def test_audit_options_are_validated_with_a_clear_error(tmp_path):
     (tmp_path / "p.csv").write_text("image,caption\na.png,a dog\n")
     res = CliRunner().invoke(app, ["audit", str(tmp_path / "p.csv"), "--top-k", "0", "--hf-model", "x"])
     assert isinstance(res.exception, ConfigError) and "--top-k must be >= 1" in str(res.exception)
-    for kw, opt in ((dict(alpha=1.5), "--alpha"), (dict(top=-1), "--top"), (dict(max_items=0), "--max-items")):
+    for kw, opt in (
+        (dict(alpha=1.5), "--alpha"),
+        (dict(top=-1), "--top"),
+        (dict(max_items=0), "--max-items"),
+    ):
         with pytest.raises(ConfigError, match=opt):
             validate_options(**kw)
