@@ -64,7 +64,9 @@ def plain_crl_step(model, opt, harmful, benign, rng, c: CrlCfg, layers, bs, pad,
     lz, _, m = response_logits(ob.logits, bb)
     fz, _, _ = response_logits(fbo.logits, bb)
     t = c.temperature
-    kl = t**2 * F.kl_div(F.log_softmax(lz[m] / t, -1), F.log_softmax(fz[m] / t, -1), log_target=True, reduction="batchmean")
+    kl = t**2 * F.kl_div(
+        F.log_softmax(lz[m] / t, -1), F.log_softmax(fz[m] / t, -1), log_target=True, reduction="batchmean"
+    )
     loss = c.alpha * l_b + c.beta * l_h + c.kl_weight * kl
     loss.backward()
     opt.step()
@@ -101,7 +103,9 @@ def main():
     center = plain_center(peft, harmful, benign, tok.pad_token_id)  # the recipe's centred cosines (ours)
 
     # ours: warm-up step (fills the frozen cache, as in a real run), then timed steps
-    cfg = DefenseCfg(optim=OptimCfg(steps=args.steps + 1, batch_size=bs, lr=1e-4, checkpoint_every=10**9), crl=crl)
+    cfg = DefenseCfg(
+        optim=OptimCfg(steps=args.steps + 1, batch_size=bs, lr=1e-4, checkpoint_every=10**9), crl=crl
+    )
     tr = Trainer("crl", peft, cfg, harmful, benign, tok.pad_token_id, seed=0)
     tr.opt.zero_grad()
     tr.loss(0)[0].backward()
@@ -152,9 +156,15 @@ def main():
     sps_b, sps_s = len(prompts) * k / t_batched, len(prompts) * k / t_single
 
     print(f"{'measure':<44}{'ours':>12}{'reference':>12}{'ratio':>9}")
-    print(f"{'CRL train step (s), ours vs plain peft loop':<44}{t_ours:>12.4f}{t_plain:>12.4f}{t_ours / t_plain:>9.3f}")
-    print(f"{'same-batch loss at init, ours vs plain':<44}{ours0:>12.6f}{ref0:>12.6f}{abs(ours0 - ref0):>9.2e}")
-    print(f"{'emb-attack prompt-steps/s, batched vs single':<44}{sps_b:>12.2f}{sps_s:>12.2f}{sps_b / sps_s:>9.3f}")
+    print(
+        f"{'CRL train step (s), ours vs plain peft loop':<44}{t_ours:>12.4f}{t_plain:>12.4f}{t_ours / t_plain:>9.3f}"
+    )
+    print(
+        f"{'same-batch loss at init, ours vs plain':<44}{ours0:>12.6f}{ref0:>12.6f}{abs(ours0 - ref0):>9.2e}"
+    )
+    print(
+        f"{'emb-attack prompt-steps/s, batched vs single':<44}{sps_b:>12.2f}{sps_s:>12.2f}{sps_b / sps_s:>9.3f}"
+    )
     print(json.dumps({"model": "smollm2-135m-instruct" if args.smollm else "tiny-llama-d128",
                       "train_step_s_ours": t_ours, "train_step_s_plain": t_plain,
                       "train_overhead_ratio": t_ours / t_plain, "loss_abs_diff": abs(ours0 - ref0),

@@ -23,13 +23,17 @@ def test_batched_suffix_gradients_equal_single_prompt(tiny, fmt):
         b1, s1 = _layout(fmt, [prompts[i]], [targets[i]], 5, tok.pad_token_id)
         x = suffix[i : i + 1].detach().clone().requires_grad_(True)
         (g1,) = torch.autograd.grad(target_losses(model, embed, b1, s1, x).sum(), [x])
-        torch.testing.assert_close(g_batch[i : i + 1], g1, atol=1e-5, rtol=1e-4)  # float32 padding-layout noise
+        torch.testing.assert_close(
+            g_batch[i : i + 1], g1, atol=1e-5, rtol=1e-4
+        )  # float32 padding-layout noise
 
 
 def test_embedding_attack_lowers_target_loss(tiny, fmt):
     """Unconstrained suffix: 30 Adam steps must cut the target CE on a random tiny model."""
     model, tok, prompts, targets = _setup(tiny, fmt)
-    r = embedding_attack(model, tok, fmt, prompts, targets, steps=30, lr=0.1, init="x x x", n_suffix=5, max_new_tokens=4)
+    r = embedding_attack(
+        model, tok, fmt, prompts, targets, steps=30, lr=0.1, init="x x x", n_suffix=5, max_new_tokens=4
+    )
     first = r.loss_curve[0]
     assert all(b < 0.8 * f for b, f in zip(r.best_loss, first))
     assert len(r.generations) == 2
@@ -38,7 +42,9 @@ def test_embedding_attack_lowers_target_loss(tiny, fmt):
 
 def test_gcg_runs_and_keeps_finite_losses(tiny, fmt):
     model, tok, prompts, targets = _setup(tiny, fmt)
-    r = gcg_attack(model, tok, fmt, prompts, targets, steps=3, n_suffix=4, top_k=8, search_width=8, max_new_tokens=4)
+    r = gcg_attack(
+        model, tok, fmt, prompts, targets, steps=3, n_suffix=4, top_k=8, search_width=8, max_new_tokens=4
+    )
     assert len(r.loss_curve) == 3 and all(torch.isfinite(torch.tensor(c)).all() for c in r.loss_curve)
     assert len(r.suffixes) == 2 and len(r.generations) == 2
     # the best-so-far loss is the minimum of the per-step bests
@@ -60,11 +66,12 @@ def test_cached_prefix_scoring_equals_full_sequence_scoring(tiny, fmt):
         with torch.no_grad():
             want = target_losses(model, embed, b, slots, embed(cands))
             emb = embed(b.input_ids).masked_scatter(slots.unsqueeze(-1), embed(cands))
-            logits = forward(model, b.attention_mask, inputs_embeds=emb, hidden=False, logits_last=None).logits
+            logits = forward(
+                model, b.attention_mask, inputs_embeds=emb, hidden=False, logits_last=None
+            ).logits
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         greedy = logits[:, -len(t) - 1 : -1].argmax(-1) == torch.tensor(t)
         assert exact.tolist() == greedy.all(-1).tolist()
-
 
 
 def test_gcg_returns_and_evaluates_the_best_suffix_not_the_last(tiny, fmt):
@@ -99,7 +106,9 @@ def test_gcg_drops_candidates_that_do_not_retokenise(tiny, fmt):
     vocab = model.get_input_embeddings().weight.shape[0]
     allowed = torch.ones(vocab, dtype=torch.bool)
     allowed[:3] = False  # pad, bos, eos
-    kw = dict(steps=4, n_suffix=4, top_k=64, search_width=32, max_new_tokens=2, allowed=allowed, early_stop=False)
+    kw = dict(
+        steps=4, n_suffix=4, top_k=64, search_width=32, max_new_tokens=2, allowed=allowed, early_stop=False
+    )
     on = gcg_attack(model, tok, fmt, prompts, targets, **kw)
     assert on.n_filtered > 0
     assert all(tok.encode(tok.decode(s)) == s for s in on.suffix_ids)

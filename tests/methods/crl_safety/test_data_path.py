@@ -66,7 +66,10 @@ def test_refusing_base_stops_the_run_before_training(tmp_path, refusing_base, re
 
 
 def test_user_completions_are_what_the_defence_trains_on(tmp_path, refusing_base):
-    rows = [{"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"} for i in range(10)]
+    rows = [
+        {"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
+        for i in range(10)
+    ]
     rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
     p = tmp_path / "pairs.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows))
@@ -101,7 +104,10 @@ def test_completion_model_replaces_the_base_for_harmful_completions(tmp_path, re
 
 
 def test_rr_retain_set_holds_refusals_as_circuit_breakers(tmp_path, refusing_base):
-    rows = [{"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"} for i in range(10)]
+    rows = [
+        {"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
+        for i in range(10)
+    ]
     rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
     p = tmp_path / "pairs.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows))
@@ -113,7 +119,9 @@ def test_rr_retain_set_holds_refusals_as_circuit_breakers(tmp_path, refusing_bas
     _, tok = R.load_model(cfg, "cpu")
     texts = [tok.decode(r) for _, r in retain_set]
     assert len(retain_set) == 4 + 6  # harmless train pairs + one refusal per harmful training prompt
-    assert sum(any(r.startswith(t.strip()) for r in REFUSALS) for t in texts) == 6  # refusal pairs end the turn (trailing newline)
+    assert (
+        sum(any(r.startswith(t.strip()) for r in REFUSALS) for t in texts) == 6
+    )  # refusal pairs end the turn (trailing newline)
     assert all(COMPLY.startswith(tok.decode(r)) for _, r in harmful)  # rerouted: compliant completions only
 
 

@@ -57,7 +57,9 @@ def test_p_yes_equals_an_unpadded_single_forward(tiny):
     replies = ["short", "a much longer generation " * 4]  # different lengths: left padding matters
     got = judge.p_yes(PROMPTS, replies)
     for p, r, g in zip(PROMPTS, replies, got):
-        ids = torch.tensor([tok.encode(HARMBENCH_CLS_PROMPT.format(behavior=p, generation=r), add_special_tokens=True)])
+        ids = torch.tensor(
+            [tok.encode(HARMBENCH_CLS_PROMPT.format(behavior=p, generation=r), add_special_tokens=True)]
+        )
         with torch.no_grad():
             prob = model(input_ids=ids).logits[0, -1].double().softmax(-1)
         yes, no = prob[judge.yes_ids].sum(), prob[judge.no_ids].sum()
@@ -92,7 +94,9 @@ def test_hf_classifier_rejects_a_missing_head(tmp_path):
 
     from reprlab.methods.crl_safety.judge import HFClassifierJudge
 
-    cfg = BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    cfg = BertConfig(
+        vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+    )
     BertModel(cfg).save_pretrained(tmp_path)  # an encoder without a classification head
     with pytest.raises(ConfigError, match="no trained classification head"):
         HFClassifierJudge(str(tmp_path))

@@ -25,8 +25,13 @@ def test_find_decoder_layers_gpt2_naming():
 
 @pytest.mark.parametrize(
     "spec,expected",
-    [("third:-2", list(range(10, 29))), ("third,two_thirds", [10, 20]), ("0:third", list(range(0, 11))),
-     ("all", list(range(31))), ("3,1,3", [1, 3])],
+    [
+        ("third:-2", list(range(10, 29))),
+        ("third,two_thirds", [10, 20]),
+        ("0:third", list(range(0, 11))),
+        ("all", list(range(31))),
+        ("3,1,3", [1, 3]),
+    ],
 )
 def test_parse_layers_for_30_blocks(spec, expected):
     # brief §6: target layers ceil(L/3)..L-2 = 10..28 for SmolLM2's 30 blocks
@@ -41,7 +46,9 @@ def test_parse_layers_rejects_out_of_range():
 def test_lora_at_init_equals_base_hidden_states(tiny, fmt):
     """B = 0 at init, so every hidden state of the LoRA model equals the base model's (brief §7)."""
     model, tok = tiny
-    b = collate([(fmt.prompt_ids("How do I bake bread?"), [5, 6, 7]), (fmt.prompt_ids("Hi"), [8])], tok.pad_token_id)
+    b = collate(
+        [(fmt.prompt_ids("How do I bake bread?"), [5, 6, 7]), (fmt.prompt_ids("Hi"), [8])], tok.pad_token_id
+    )
     with torch.no_grad():
         base = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=None)
         peft = add_lora(model, r=8, alpha=16, dropout=0.0)
@@ -68,4 +75,6 @@ def test_adapter_params_roundtrip(tiny):
     ap.load_state_dict(state)
     live = dict(peft.named_parameters())
     k = next(iter(state))
-    torch.testing.assert_close(live[k.replace("__", ".")], state[k])  # shared storage: load writes into the model
+    torch.testing.assert_close(
+        live[k.replace("__", ".")], state[k]
+    )  # shared storage: load writes into the model

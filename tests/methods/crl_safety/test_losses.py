@@ -44,7 +44,9 @@ def test_centroid_detach_flag_controls_gradient():
 def test_kl_retain_matches_torch_kl_div():
     z, zp = torch.randn(7, 11), torch.randn(7, 11)
     t = 2.0
-    ref = F.kl_div(F.log_softmax(zp / t, -1), F.log_softmax(z / t, -1), log_target=True, reduction="batchmean")
+    ref = F.kl_div(
+        F.log_softmax(zp / t, -1), F.log_softmax(z / t, -1), log_target=True, reduction="batchmean"
+    )
     torch.testing.assert_close(L.kl_retain(z, zp, t), t**2 * ref)
     assert L.kl_retain(z, z, t).item() == pytest.approx(0.0, abs=1e-6)
 

@@ -57,7 +57,9 @@ def test_summary_has_every_model_metric_key(finished):
 def test_resume_reads_stages_back_and_reports(finished):
     out, cfg, summary = finished
     again = R.run(cfg, Run.create(out, cfg, "crl-tiny", resume=True, quiet=True))
-    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in summary.items() if k != "seconds"}
+    assert {k: v for k, v in again.items() if k != "seconds"} == {
+        k: v for k, v in summary.items() if k != "seconds"
+    }
     sections = R.report_sections(out)
     titles = [s.title for s in sections]
     assert "ASR and utility per model" in titles
@@ -87,8 +89,14 @@ def test_mechanism_centred_cosines_are_one_for_an_untrained_adapter(tiny, fmt):
     from reprlab.models.lora import add_lora
 
     model, tok = tiny
-    harm = [(fmt.prompt_ids(f"bad {i}"), fmt.response_ids("x", f"Sure {i} step", end_turn=False)) for i in range(4)]
-    ben = [(fmt.prompt_ids(f"good {i}"), fmt.response_ids("x", f"Here {i} you go", end_turn=False)) for i in range(4)]
+    harm = [
+        (fmt.prompt_ids(f"bad {i}"), fmt.response_ids("x", f"Sure {i} step", end_turn=False))
+        for i in range(4)
+    ]
+    ben = [
+        (fmt.prompt_ids(f"good {i}"), fmt.response_ids("x", f"Here {i} you go", end_turn=False))
+        for i in range(4)
+    ]
     peft = add_lora(model, r=4, alpha=8, dropout=0.0)
     m = mechanism(peft, harm, ben, tok.pad_token_id, [1, 3], frozen_ctx=peft.disable_adapter())
     for k in ("cos_harmful", "cos_benign", "cos_harmful_centered", "cos_benign_centered"):
@@ -105,9 +113,14 @@ def test_declared_claims_read_keys_the_run_writes(finished, name):
     _, _, summary = finished
     claims = get_recipe(name).claims()
     res = {c.name: r for c, r in zip(claims, evaluate_claims(claims, summary))}
-    assert {n for n, r in res.items() if r.verdict == "n/a"} == {"crl_beats_prefill_ci", "crl_beats_embedding_ci"}
+    assert {n for n, r in res.items() if r.verdict == "n/a"} == {
+        "crl_beats_prefill_ci",
+        "crl_beats_embedding_ci",
+    }
     s = summary
-    assert res["crl_beats_prefill"].holds == (s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"]))
+    assert res["crl_beats_prefill"].holds == (
+        s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"])
+    )
     assert res["rr_moves"].holds == (s["rr.mech_cos_harmful"] < 0.99)
     # on an aggregate with CIs the sweep claims evaluate
     agg = {**s, "crl.asr_prefill.ci_hi": 0.1, "refusal.asr_prefill.ci_lo": 0.5}

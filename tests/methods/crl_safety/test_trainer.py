@@ -53,7 +53,14 @@ def test_frozen_cache_equals_per_step_frozen_pass(tiny, data):
     harm, ben = data
     peft = add_lora(model, r=4, alpha=8, dropout=0.0)
     cached = Trainer("crl", peft, _cfg(), harm, ben, tok.pad_token_id)
-    fresh = Trainer("crl", peft, DefenseCfg(optim=OptimCfg(cache_frozen=False), crl=cached.cfg.crl), harm, ben, tok.pad_token_id)
+    fresh = Trainer(
+        "crl",
+        peft,
+        DefenseCfg(optim=OptimCfg(cache_frozen=False), crl=cached.cfg.crl),
+        harm,
+        ben,
+        tok.pad_token_id,
+    )
     idx = [4, 0, 2]
     b = cached._batch(ben, idx)
     s1, l1 = cached._frozen_rows("benign", ben, idx, b, logits=True)
@@ -110,7 +117,7 @@ def test_state_means_is_the_balanced_mean_of_class_means(tiny, data):
             ids = torch.tensor([p + r])
             with torch.no_grad():
                 hs = model(input_ids=ids, output_hidden_states=True).hidden_states
-            rows.append(torch.stack([h[0, len(p):] for h in hs]))  # [layers, n_resp, d]
+            rows.append(torch.stack([h[0, len(p) :] for h in hs]))  # [layers, n_resp, d]
         class_means.append(torch.cat(rows, 1).mean(1))
     torch.testing.assert_close(got, (class_means[0] + class_means[1]) / 2, atol=1e-4, rtol=1e-4)
 
@@ -272,7 +279,11 @@ def test_rr_as_published_reroutes_and_retains_over_request_and_response(tiny, da
             if "lora_B" in n:
                 p.normal_(0, 0.5)
     cfg = _cfg(center_states=False)
-    assert (cfg.rr.reroute_tokens, cfg.rr.retain_tokens, cfg.rr.retain_refusals) == ("all", "all", True)  # CB defaults
+    assert (cfg.rr.reroute_tokens, cfg.rr.retain_tokens, cfg.rr.retain_refusals) == (
+        "all",
+        "all",
+        True,
+    )  # CB defaults
     tr = Trainer("rr", peft, cfg, harm, ben, tok.pad_token_id, seed=5)
     rng = random.Random(5)
     ih, ib = rng.sample(range(len(harm)), 3), rng.sample(range(len(ben)), 3)
@@ -301,4 +312,6 @@ def test_rr_as_published_reroutes_and_retains_over_request_and_response(tiny, da
 
     rr_old = RrCfg(layers="1,3", retain_layers="all", reroute_tokens="response", retain_tokens="response")
     old = Trainer("rr", peft, dataclasses.replace(cfg, rr=rr_old), harm, ben, tok.pad_token_id, seed=5)
-    assert old.loss(0)[1]["reroute"] != pytest.approx(info["reroute"], rel=1e-3)  # the option changes the term
+    assert old.loss(0)[1]["reroute"] != pytest.approx(
+        info["reroute"], rel=1e-3
+    )  # the option changes the term

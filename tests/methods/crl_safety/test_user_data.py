@@ -10,7 +10,9 @@ from reprlab.methods.crl_safety import recipe as R
 
 
 def _write(path, rows):
-    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    path.write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n", encoding="utf-8"
+    )
     return path
 
 
@@ -51,7 +53,9 @@ def test_strict_booleans_keep_real_booleans(tmp_path):
 
 def test_non_utf8_file_is_named(tmp_path):
     p = tmp_path / "latin1.jsonl"
-    p.write_bytes(json.dumps(GOOD[0]).encode() + b"\n" + '{"prompt": "caf\u00e9", "harmful": true}'.encode("latin-1"))
+    p.write_bytes(
+        json.dumps(GOOD[0]).encode() + b"\n" + '{"prompt": "caf\u00e9", "harmful": true}'.encode("latin-1")
+    )
     with pytest.raises(DataError, match=r"latin1\.jsonl:2: not UTF-8"):
         D.load_user_jsonl(p)
 
@@ -96,7 +100,9 @@ def test_runner_stops_before_the_run_folder_and_the_model(tmp_path, monkeypatch)
     """Through the runner: the error comes from preflight, no run folder exists and no model loaded."""
     from reprlab.runner import execute
 
-    monkeypatch.setattr(R, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded")))
+    monkeypatch.setattr(
+        R, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded"))
+    )
     bad = _write(tmp_path / "bad.jsonl", [*GOOD, {"prompt": None, "harmful": True}])
     out = tmp_path / "run"
     with pytest.raises(DataError, match=r"bad\.jsonl:9: 'prompt'"):

@@ -57,12 +57,16 @@ class ChatFormat:
 
     def render_prompt(self, prompt: str) -> str:
         """Text up to and including the assistant header."""
-        return self.tokenizer.apply_chat_template(self._messages(prompt), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            self._messages(prompt), add_generation_prompt=True, tokenize=False
+        )
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return _encode(self.tokenizer, self.render_prompt(prompt))
 
-    def response_ids(self, prompt: str, response: str, end_turn: bool = True, max_tokens: int | None = None) -> list[int]:
+    def response_ids(
+        self, prompt: str, response: str, end_turn: bool = True, max_tokens: int | None = None
+    ) -> list[int]:
         """Token ids of the assistant reply as the template writes it.
 
         Args:
@@ -72,7 +76,7 @@ class ChatFormat:
         """
         head = self.render_prompt(prompt)
         full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
-        tail = full[len(head):] if full.startswith(head) else response
+        tail = full[len(head) :] if full.startswith(head) else response
         # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
         cut = tail.find(response) + len(response) if response and response in tail else len(tail)
         content, marker = _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
@@ -83,7 +87,9 @@ class ChatFormat:
     def suffix_split(self, prompt: str) -> tuple[list[int], list[int]]:
         """``(pre, post)`` ids around an adversarial suffix slot at the end of the user content."""
         text = self.tokenizer.apply_chat_template(
-            self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False), add_generation_prompt=True, tokenize=False
+            self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False),
+            add_generation_prompt=True,
+            tokenize=False,
         )
         pre, post = text.split(SUFFIX_SENTINEL)
         return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
@@ -120,10 +126,10 @@ def collate(pairs: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Batch:
     resp = torch.zeros((len(pairs), width), dtype=torch.bool)
     for i, (p, r) in enumerate(pairs):
         seq = p + r
-        ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-        mask[i, width - len(seq):] = 1
+        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq) :] = 1
         if r:
-            resp[i, width - len(r):] = True
+            resp[i, width - len(r) :] = True
     return Batch(ids, mask, resp, max(len(r) for _, r in pairs))
 
 
@@ -163,7 +169,9 @@ def response_logits(out_logits: Tensor, batch: Batch) -> tuple[Tensor, Tensor, T
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+def generate(
+    model, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int = 16
+) -> list[str]:
     """Greedy, batched, left-padded generation; returns the decoded new text per prompt (one token list each)."""
     pad = tokenizer.pad_token_id
     texts: list[str] = []
@@ -174,13 +182,15 @@ def generate(model, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: 
                       pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
         dev = next(model.parameters()).device
         kwargs = {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in kwargs.items()}
-        out = model.generate(input_ids=b.input_ids.to(dev), **kwargs)[:, b.input_ids.shape[1]:]
+        out = model.generate(input_ids=b.input_ids.to(dev), **kwargs)[:, b.input_ids.shape[1] :]
         texts += [tokenizer.decode(o, skip_special_tokens=True) for o in out]
     return texts
 
 
 @torch.no_grad()
-def generate_embeds(model, tokenizer, inputs_embeds: Tensor, attention_mask: Tensor, max_new_tokens: int) -> list[str]:
+def generate_embeds(
+    model, tokenizer, inputs_embeds: Tensor, attention_mask: Tensor, max_new_tokens: int
+) -> list[str]:
     """Greedy generation from left-padded input embeddings ``[batch, pos, d_model]`` (embedding attack)."""
     out = model.generate(inputs_embeds=inputs_embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                          do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip

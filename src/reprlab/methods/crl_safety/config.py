@@ -18,8 +18,13 @@ class LoraCfg:
     r: int = field(default=16, metadata=_h("LoRA rank (code: 16)"))
     alpha: int = field(default=16, metadata=_h("LoRA alpha (code: 16)"))
     dropout: float = field(default=0.05, metadata=_h("LoRA dropout (code: 0.05)"))
-    target_modules: str = field(default="all-linear", metadata=_h("peft target modules; all-linear = the 7 projections on Llama"))
-    blocks: str = field(default="auto", metadata=_h("decoder blocks with adapters: 'auto' = 0..highest target layer, or a layer spec"))
+    target_modules: str = field(
+        default="all-linear", metadata=_h("peft target modules; all-linear = the 7 projections on Llama")
+    )
+    blocks: str = field(
+        default="auto",
+        metadata=_h("decoder blocks with adapters: 'auto' = 0..highest target layer, or a layer spec"),
+    )
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,9 @@ class OptimCfg:
     lr: float = field(default=1e-4, metadata=_h("constant AdamW lr, no weight decay (code: 1e-4)"))
     log_every: int = field(default=5, metadata=_h("metrics.jsonl every N steps"))
     checkpoint_every: int = field(default=20, metadata=_h("checkpoint every N steps"))
-    cache_frozen: bool = field(default=True, metadata=_h("[ours] precompute frozen states/logits once per example"))
+    cache_frozen: bool = field(
+        default=True, metadata=_h("[ours] precompute frozen states/logits once per example")
+    )
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,16 @@ class SftCfg:
 
 @dataclass(frozen=True)
 class CrlCfg:
-    layers_benign: str = field(default="third:-2", metadata=_h("hidden-state layers of L_b (brief CPU: ceil(L/3)..L-2; code: all)"))
-    layers_harmful: str = field(default="third:-2", metadata=_h("hidden-state layers of L_h (code: 20..30 of 32)"))
+    layers_benign: str = field(
+        default="third:-2", metadata=_h("hidden-state layers of L_b (brief CPU: ceil(L/3)..L-2; code: all)")
+    )
+    layers_harmful: str = field(
+        default="third:-2", metadata=_h("hidden-state layers of L_h (code: 20..30 of 32)")
+    )
     tokens: str = field(default="response", metadata=_h("'response' (all response tokens, code) or 'last'"))
-    d_pos: str = field(default="cosine", metadata=_h("benign positive distance (code: l2; brief CPU: cosine)"))
+    d_pos: str = field(
+        default="cosine", metadata=_h("benign positive distance (code: l2; brief CPU: cosine)")
+    )
     d_neg: str = field(default="cosine", metadata=_h("benign negative distance (code: cosine)"))
     d_harm: str = field(default="cosine", metadata=_h("harmful-term distance (code: cosine)"))
     margin_benign: float = field(default=0.3, metadata=_h("m_b (code 2, paper via TB 500, TB cosine 0.3)"))
@@ -57,14 +70,27 @@ class CrlCfg:
     beta: float = field(default=0.4, metadata=_h("weight of L_h (code 0.6, paper via TB 0.4)"))
     kl_weight: float = field(default=0.9, metadata=_h("weight of L_KL (code 0.7, paper via TB 0.9)"))
     temperature: float = field(default=2.0, metadata=_h("KL temperature (code 2)"))
-    kl_reduction: str = field(default="token_mean", metadata=_h(
-        "'token_mean' [ours]: mean KL over masked tokens; 'batchmean' (code): sum over a sequence's tokens, mean "
-        "over sequences, so the same weight is ~n_tokens times stronger"))
-    kl_data: str = field(default="benign", metadata=_h(
-        "'benign' [ours]: the response tokens of the CRL benign batch; 'retain' (code): a separate retain batch "
-        "(harmless prompt -> base reply; the code uses UltraChat) over all its non-pad tokens, request included"))
-    detach_centroid: bool = field(default=False, metadata=_h("stop gradients through mu'_h ([unknown] in the paper)"))
-    benign_includes_refusals: bool = field(default=True, metadata=_h("[ours] safe set also holds harmful prompt -> refusal pairs, like WildGuardMix"))
+    kl_reduction: str = field(
+        default="token_mean",
+        metadata=_h(
+            "'token_mean' [ours]: mean KL over masked tokens; 'batchmean' (code): sum over a sequence's tokens, mean "
+            "over sequences, so the same weight is ~n_tokens times stronger"
+        ),
+    )
+    kl_data: str = field(
+        default="benign",
+        metadata=_h(
+            "'benign' [ours]: the response tokens of the CRL benign batch; 'retain' (code): a separate retain batch "
+            "(harmless prompt -> base reply; the code uses UltraChat) over all its non-pad tokens, request included"
+        ),
+    )
+    detach_centroid: bool = field(
+        default=False, metadata=_h("stop gradients through mu'_h ([unknown] in the paper)")
+    )
+    benign_includes_refusals: bool = field(
+        default=True,
+        metadata=_h("[ours] safe set also holds harmful prompt -> refusal pairs, like WildGuardMix"),
+    )
 
 
 @dataclass(frozen=True)
@@ -72,33 +98,57 @@ class RrCfg:
     alpha: float = field(default=10.0, metadata=_h("schedule scale (CB Llama-3: 10)"))
     layers: str = field(default="third,two_thirds", metadata=_h("reroute layers (CB Llama-3: 10,20 of 32)"))
     retain_layers: str = field(default="all", metadata=_h("retain layers (CB: all hidden states)"))
-    reroute_tokens: str = field(default="all", metadata=_h(
-        "tokens of the reroute term: 'all' (CB: request and response, the circuit-breaker attention mask) or "
-        "'response' (this repo before issue 13)"))
-    retain_tokens: str = field(default="all", metadata=_h(
-        "tokens of the retain term: 'all' (CB: request and response) or 'response'"))
-    retain_refusals: bool = field(default=True, metadata=_h(
-        "retain set also holds harmful prompt -> refusal pairs (CB's Llama-3 retain data holds refusals; False = "
-        "harmless pairs only, as before issue 13)"))
-    schedule_steps: int = field(default=0, metadata=_h(
-        "N of the schedule c_retain = alpha t/(2N); 0 = optim.steps (CB: N = its 150 steps). [ours] A larger N "
-        "keeps a short run on the early, reroute-heavy part of CB's schedule"))
+    reroute_tokens: str = field(
+        default="all",
+        metadata=_h(
+            "tokens of the reroute term: 'all' (CB: request and response, the circuit-breaker attention mask) or "
+            "'response' (this repo before issue 13)"
+        ),
+    )
+    retain_tokens: str = field(
+        default="all",
+        metadata=_h("tokens of the retain term: 'all' (CB: request and response) or 'response'"),
+    )
+    retain_refusals: bool = field(
+        default=True,
+        metadata=_h(
+            "retain set also holds harmful prompt -> refusal pairs (CB's Llama-3 retain data holds refusals; False = "
+            "harmless pairs only, as before issue 13)"
+        ),
+    )
+    schedule_steps: int = field(
+        default=0,
+        metadata=_h(
+            "N of the schedule c_retain = alpha t/(2N); 0 = optim.steps (CB: N = its 150 steps). [ours] A larger N "
+            "keeps a short run on the early, reroute-heavy part of CB's schedule"
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class MiningCfg:
-    blocks: str = field(default="0:third", metadata=_h("decoder blocks the latent attack may sit on (code: 0..9 of 32)"))
+    blocks: str = field(
+        default="0:third", metadata=_h("decoder blocks the latent attack may sit on (code: 0..9 of 32)")
+    )
     refresh_every: int = field(default=20, metadata=_h("train a fresh module every N steps (code 40)"))
     iterations: int = field(default=20, metadata=_h("max iterations per refresh (code 1100) [ours: CPU]"))
     extra_iters: int = field(default=1, metadata=_h("iterations on non-refresh steps (code 1)"))
     lr: float = field(default=1e-3, metadata=_h("Adam lr of the module (code 1e-4) [ours: fewer iterations]"))
     prob: float = field(default=0.25, metadata=_h("probability a step uses the attack (code 0.25)"))
-    gate_loss: float = field(default=3.0, metadata=_h("use only when the last 10 losses average below this (code 3)"))
-    stop_loss: float = field(default=1.85, metadata=_h("early stop of module training (code 1.85 over 100 its)"))
+    gate_loss: float = field(
+        default=3.0, metadata=_h("use only when the last 10 losses average below this (code 3)")
+    )
+    stop_loss: float = field(
+        default=1.85, metadata=_h("early stop of module training (code 1.85 over 100 its)")
+    )
     window: int = field(default=10, metadata=_h("averaging window of the stop rule (code 100) [ours]"))
-    init: str = field(default="identity", metadata=_h(
-        "'identity' [ours]: the block output is replaced by W h + b (W = I, so the attack starts as a no-op); "
-        "'residual' (code AddedModule): h + (W h + b) with W = I, b = 1e-7, i.e. 2h + b at the start"))
+    init: str = field(
+        default="identity",
+        metadata=_h(
+            "'identity' [ours]: the block output is replaced by W h + b (W = I, so the attack starts as a no-op); "
+            "'residual' (code AddedModule): h + (W h + b) with W = I, b = 1e-7, i.e. 2h + b at the start"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -107,9 +157,13 @@ class DefenseCfg:
 
     optim: OptimCfg = field(default_factory=OptimCfg)
     lora: LoraCfg = field(default_factory=LoraCfg)
-    center_states: bool = field(default=True, metadata=_h(
-        "[ours] subtract the frozen per-layer mean response state (mean of the harmful and benign class means) "
-        "before every cosine, for CRL and RR alike; L2 is unaffected. Off = the code's raw states"))
+    center_states: bool = field(
+        default=True,
+        metadata=_h(
+            "[ours] subtract the frozen per-layer mean response state (mean of the harmful and benign class means) "
+            "before every cosine, for CRL and RR alike; L2 is unaffected. Off = the code's raw states"
+        ),
+    )
     crl: CrlCfg = field(default_factory=CrlCfg)
     rr: RrCfg = field(default_factory=RrCfg)
     mining: MiningCfg = field(default_factory=MiningCfg)

@@ -26,7 +26,11 @@ from pathlib import Path
 from reprlab.errors import ConfigError, DataError
 
 DATA_DIR = Path(__file__).parent / "data"
-DNA_HARMFUL_FILES = ("malicious_uses", "discrimination_exclusion_toxicity_hateful_offensive", "information_hazard")
+DNA_HARMFUL_FILES = (
+    "malicious_uses",
+    "discrimination_exclusion_toxicity_hateful_offensive",
+    "information_hazard",
+)
 
 # Templated refusals for stage 0 [ours]; each starts with a marker the offline judge recognises.
 REFUSALS = (
@@ -134,11 +138,15 @@ def _user_line(path: Path, lineno: int, line: str) -> UserExample:
     if not isinstance(harmful, bool):
         raise DataError(f"{where}: 'harmful' must be JSON true or false, got {harmful!r}", hint=_JSONL_HINT)
     if response is not None and (not isinstance(response, str) or not response.strip()):
-        raise DataError(f"{where}: 'response' must be a non-empty string when given, got {response!r}", hint=_JSONL_HINT)
+        raise DataError(
+            f"{where}: 'response' must be a non-empty string when given, got {response!r}", hint=_JSONL_HINT
+        )
     return UserExample(prompt, harmful, response)
 
 
-_JSONL_HINT = 'each line: {"prompt": "<non-empty text>", "harmful": true|false, "response": "<text>" (optional)}'
+_JSONL_HINT = (
+    'each line: {"prompt": "<non-empty text>", "harmful": true|false, "response": "<text>" (optional)}'
+)
 
 
 def load_user_jsonl(path: str | Path) -> list[UserExample]:
@@ -197,7 +205,9 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         harm = list(dict.fromkeys(e.prompt for e in ex if e.harmful))
         safe = list(dict.fromkeys(e.prompt for e in ex if not e.harmful))
         if not harm or not safe:
-            raise DataError(f"{user_jsonl}: needs both harmful and harmless prompts ({len(harm)}, {len(safe)})")
+            raise DataError(
+                f"{user_jsonl}: needs both harmful and harmless prompts ({len(harm)}, {len(safe)})"
+            )
         rng.shuffle(harm)
         rng.shuffle(safe)
         h_eval, h_train = _take(harm, n_harmful_eval, "harmful eval", src), harm[n_harmful_eval:]
@@ -210,7 +220,7 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         rng.shuffle(dna)
         # interleave so a small training set sees both sources
         rest = hb[n_harmful_eval:]
-        h_train = [p for pair in zip(rest, dna) for p in pair] + rest[len(dna):] + dna[len(rest):]
+        h_train = [p for pair in zip(rest, dna) for p in pair] + rest[len(dna) :] + dna[len(rest) :]
         safe = list(dict.fromkeys(harmless_prompts(harmless_source)))
         rng.shuffle(safe)
         responses = {}

@@ -61,7 +61,9 @@ def target_losses(model, embed_fn, batch, slots: Tensor, suffix: Tensor) -> Tens
     """Per-prompt mean target CE ``[batch]`` with ``suffix`` ``[batch, n_suffix, d_model]`` in the slots."""
     emb = embed_fn(batch.input_ids)
     emb = emb.masked_scatter(slots.unsqueeze(-1), suffix.to(emb.dtype))
-    out = forward(model, batch.attention_mask, inputs_embeds=emb, hidden=False, logits_last=batch.n_response + 1)
+    out = forward(
+        model, batch.attention_mask, inputs_embeds=emb, hidden=False, logits_last=batch.n_response + 1
+    )
     logits, tgt, mask = response_logits(out.logits, batch)
     ce = F.cross_entropy(logits.float().transpose(1, 2), tgt, reduction="none")  # [batch, n_response]
     return (ce * mask).sum(-1) / mask.sum(-1).clamp(min=1)

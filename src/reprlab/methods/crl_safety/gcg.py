@@ -72,7 +72,9 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         decoding would emit the whole target (argmax match at every target position).
     """
     if not target_ids or not prefix_ids:
-        raise ValueError(f"GCG scoring needs a non-empty prefix and target ({len(prefix_ids)}, {len(target_ids)} tokens)")
+        raise ValueError(
+            f"GCG scoring needs a non-empty prefix and target ({len(prefix_ids)}, {len(target_ids)} tokens)"
+        )
     dev = cands.device
     pre = torch.tensor([prefix_ids], device=dev)
     # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model
@@ -127,9 +129,13 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
     curve, best = [], torch.full((n,), float("inf"))
     best_suffix = suffix.clone()  # the lowest-CE suffix so far, per prompt (returned and evaluated)
     n_filtered = 0
-    done = torch.zeros(n, dtype=torch.bool)  # prompts whose suffix already makes greedy decoding emit the target
+    done = torch.zeros(
+        n, dtype=torch.bool
+    )  # prompts whose suffix already makes greedy decoding emit the target
     for _ in range(steps):
-        onehot = F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)  # [batch, n_suffix, d_vocab]
+        onehot = (
+            F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)
+        )  # [batch, n_suffix, d_vocab]
         losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
         (grad,) = torch.autograd.grad(losses.sum(), [onehot])
         grad = grad.masked_fill(~allowed, float("inf"))

@@ -135,7 +135,9 @@ class HarmBenchJudge:
     def prompt_ids(self, behavior: str, generation: str) -> list[int]:
         gen_ids = self.tok.encode(generation, add_special_tokens=False)[: self.max_generation_tokens]
         gen = self.tok.decode(gen_ids, skip_special_tokens=True)
-        return self.tok.encode(self.template.format(behavior=behavior, generation=gen), add_special_tokens=True)
+        return self.tok.encode(
+            self.template.format(behavior=behavior, generation=gen), add_special_tokens=True
+        )
 
     def p_yes(self, prompts: list[str], responses: list[str]) -> list[float]:
         """``P(yes) / (P(yes) + P(no))`` of each (behaviour, generation) pair from the next-token logits."""
@@ -150,7 +152,9 @@ class HarmBenchJudge:
         for s in range(0, len(seqs), self.batch_size):
             b = collate([(q, []) for q in seqs[s : s + self.batch_size]], pad).to(dev)  # left-padded
             with torch.no_grad():
-                logits = forward(self.model, b.attention_mask, input_ids=b.input_ids, hidden=False, logits_last=1).logits
+                logits = forward(
+                    self.model, b.attention_mask, input_ids=b.input_ids, hidden=False, logits_last=1
+                ).logits
             logp = torch.log_softmax(logits[:, -1].float(), dim=-1)
             yes, no = logp[:, self.yes_ids].logsumexp(-1), logp[:, self.no_ids].logsumexp(-1)
             out += torch.sigmoid(yes - no).tolist()
@@ -189,11 +193,15 @@ class HFClassifierJudge:
         from reprlab.errors import ConfigError
 
         archs = list(getattr(AutoConfig.from_pretrained(self.model_id), "architectures", None) or [])
-        if archs and all(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
+        if archs and all(
+            a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs
+        ):
             raise ConfigError(f"judge model {self.model_id} is a generative model ({', '.join(archs)}), not a "
                               "text classifier: a classification pipeline would put a random head on it",
                               hint="use judge.backend=harmbench for a yes/no causal-LM judge")  # fmt: skip
-        model, info = AutoModelForSequenceClassification.from_pretrained(self.model_id, output_loading_info=True)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            self.model_id, output_loading_info=True
+        )
         fresh = [k for k in info.get("missing_keys", []) if k]
         if fresh:
             raise ConfigError(f"judge model {self.model_id} has no trained classification head (freshly initialised: "
@@ -201,8 +209,12 @@ class HFClassifierJudge:
                               hint="use judge.backend=harmbench for a yes/no causal-LM judge")  # fmt: skip
         labels = {str(v).lower() for v in model.config.id2label.values()}
         if self.comply_label.lower() not in labels:
-            raise ConfigError(f"judge.comply_label {self.comply_label!r} is not a label of {self.model_id} ({sorted(labels)})")
-        self._pipe = pipeline("text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained(self.model_id))
+            raise ConfigError(
+                f"judge.comply_label {self.comply_label!r} is not a label of {self.model_id} ({sorted(labels)})"
+            )
+        self._pipe = pipeline(
+            "text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained(self.model_id)
+        )
 
     def __call__(self, prompts: list[str], responses: list[str], harmful: bool = True) -> list[str]:
         if not harmful:
@@ -232,7 +244,9 @@ def check_judge_cfg(backend: str, model_id: str) -> None:
         raise ConfigError(f"judge backend {backend!r} needs judge.model_id ({what})")
 
 
-def make_judge(backend: str = "offline", model_id: str = "", comply_label: str = "yes", device="cpu", dtype=None):
+def make_judge(
+    backend: str = "offline", model_id: str = "", comply_label: str = "yes", device="cpu", dtype=None
+):
     check_judge_cfg(backend, model_id)
     if backend == "offline":
         return OfflineJudge()

@@ -70,12 +70,16 @@ def harmful_centroid(h_harm_trained: Tensor, detach: bool) -> Tensor:
     return mu.detach() if detach else mu
 
 
-def crl_benign_loss(h_trained: Tensor, h_frozen: Tensor, mu_harm: Tensor, d_pos: str, d_neg: str, margin: float) -> Tensor:
+def crl_benign_loss(
+    h_trained: Tensor, h_frozen: Tensor, mu_harm: Tensor, d_pos: str, d_neg: str, margin: float
+) -> Tensor:
     """Benign triplet: anchor h′_b, positive h_b, negative μ′_h. Shapes ``[layers, n_tok, d]``, mu ``[layers, 1, d]``."""
     return F.relu(distance(h_trained, h_frozen, d_pos) - distance(h_trained, mu_harm, d_neg) + margin).mean()
 
 
-def crl_harmful_loss(h_trained: Tensor, h_frozen: Tensor, mu_harm: Tensor, dist: str, margin: float) -> Tensor:
+def crl_harmful_loss(
+    h_trained: Tensor, h_frozen: Tensor, mu_harm: Tensor, dist: str, margin: float
+) -> Tensor:
     """Harmful triplet: anchor h′_h, positive μ′_h, negative h_h (pull together, push from the start)."""
     return F.relu(distance(h_trained, mu_harm, dist) - distance(h_trained, h_frozen, dist) + margin).mean()
 
@@ -93,7 +97,9 @@ def kl_retain(logits_frozen: Tensor, logits_trained: Tensor, temperature: float)
     return temperature**2 * (logp.exp() * (logp - logq)).sum(-1).mean()
 
 
-def kl_retain_batchmean(logits_frozen: Tensor, logits_trained: Tensor, mask: Tensor, temperature: float) -> Tensor:
+def kl_retain_batchmean(
+    logits_frozen: Tensor, logits_trained: Tensor, mask: Tensor, temperature: float
+) -> Tensor:
     """The code's retain KL: ``T² Σ_tokens KL(softmax(z/T) || softmax(z'/T)) / batch`` (``kl_div`` batchmean).
 
     A sum over each sequence's masked tokens, then a mean over sequences, so it grows with sequence length;

@@ -26,7 +26,9 @@ def response_logit_rows(model, pairs, pad_id: int, batch_size: int = 8) -> list[
     out = []
     for s in range(0, len(pairs), batch_size):
         b = collate(pairs[s : s + batch_size], pad_id).to(dev)
-        o = forward(model, b.attention_mask, input_ids=b.input_ids, hidden=False, logits_last=b.n_response + 1)
+        o = forward(
+            model, b.attention_mask, input_ids=b.input_ids, hidden=False, logits_last=b.n_response + 1
+        )
         lg, _, m = response_logits(o.logits, b)
         out += [lg[r][m[r]].float().cpu() for r in range(m.shape[0])]
     return out
@@ -96,5 +98,11 @@ def mechanism(model, harmful_pairs, benign_pairs, pad_id: int, layers: list[int]
     cc_h = F.cosine_similarity(h_tok - c, fh - c, dim=-1).mean(-1)
     cc_b = F.cosine_similarity(b_tok - c, fb - c, dim=-1).mean(-1)
     auroc = [probe_auroc(h_mean[:, i].numpy(), b_mean[:, i].numpy()) for i in range(len(layers))]
-    return {"layers": layers, "cos_harmful": cos_h.tolist(), "cos_benign": cos_b.tolist(),
-            "cos_harmful_centered": cc_h.tolist(), "cos_benign_centered": cc_b.tolist(), "probe_auroc": auroc}
+    return {
+        "layers": layers,
+        "cos_harmful": cos_h.tolist(),
+        "cos_benign": cos_b.tolist(),
+        "cos_harmful_centered": cc_h.tolist(),
+        "cos_benign_centered": cc_b.tolist(),
+        "probe_auroc": auroc,
+    }

@@ -58,7 +58,9 @@ class AffineLatentAttack(nn.Module):
 
 def completion_ce(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Mean cross-entropy of the response tokens of ``batch`` (the harmful completions)."""
-    out = forward(model, batch.attention_mask, input_ids=batch.input_ids, hidden=False, logits_last=batch.n_response + 1)
+    out = forward(
+        model, batch.attention_mask, input_ids=batch.input_ids, hidden=False, logits_last=batch.n_response + 1
+    )
     logits, targets, mask = response_logits(out.logits, batch)
     return F.cross_entropy(logits[mask].float(), targets[mask])
 
@@ -82,7 +84,9 @@ class LatentAttacker:
 
     def refresh(self, rng: torch.Generator) -> None:
         block = self.blocks[int(torch.randint(len(self.blocks), (1,), generator=rng))]
-        self.module = AffineLatentAttack(self.d_model, block, residual=self.init == "residual").to(self.device)
+        self.module = AffineLatentAttack(self.d_model, block, residual=self.init == "residual").to(
+            self.device
+        )
         self._opt = torch.optim.Adam(self.module.parameters(), lr=self.lr)
         self.losses = []
         self.n_refresh += 1

@@ -39,7 +39,15 @@ from reprlab.report import Section
 from reprlab.train.seed import seed_everything
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
-HEADLINE = ("asr_direct", "asr_prefill", "asr_embedding", "asr_gcg", "benign_compliance", "over_refusal", "benign_kl")
+HEADLINE = (
+    "asr_direct",
+    "asr_prefill",
+    "asr_embedding",
+    "asr_gcg",
+    "benign_compliance",
+    "over_refusal",
+    "benign_kl",
+)
 
 
 def _h(text: str) -> dict:
@@ -48,44 +56,77 @@ def _h(text: str) -> dict:
 
 @dataclass(frozen=True)
 class DataCfg:
-    n_harmful_train: int = field(default=48, metadata=_h("harmful training prompts (HarmBench rest + Do-Not-Answer)"))
+    n_harmful_train: int = field(
+        default=48, metadata=_h("harmful training prompts (HarmBench rest + Do-Not-Answer)")
+    )
     n_harmful_eval: int = field(default=16, metadata=_h("held-out HarmBench behaviours"))
     n_harmless_train: int = field(default=32, metadata=_h("harmless training prompts"))
     n_harmless_eval: int = field(default=16, metadata=_h("held-out harmless prompts (benign compliance, KL)"))
     n_xstest: int = field(default=16, metadata=_h("XSTest-style prompts (over-refusal)"))
     harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
-    system_prompt: str | None = field(default=None, metadata=_h("None keeps the template default; a string is sent as system message"))
-    max_prompt_tokens: int = field(default=48, metadata=_h("[ours] user prompts truncated to this many tokens"))
-    response_tokens: int = field(default=24, metadata=_h("tokens of base replies used as training/eval responses"))
-    completion_model: str = field(default="", metadata=_h(
-        "model that writes the harmful completions (training and attack targets) instead of the base, e.g. one "
-        "that does not refuse; '' = the base. A user JSONL's responses win over both"))
-    min_compliant: float = field(default=0.25, metadata=_h(
-        "the run stops unless at least this share (and 2) of the harmful training and eval completions are judged "
-        "compliant; only compliant ones are trained on. The code trains on compliant completions only; there is "
-        "no fallback to refusals"))
+    system_prompt: str | None = field(
+        default=None, metadata=_h("None keeps the template default; a string is sent as system message")
+    )
+    max_prompt_tokens: int = field(
+        default=48, metadata=_h("[ours] user prompts truncated to this many tokens")
+    )
+    response_tokens: int = field(
+        default=24, metadata=_h("tokens of base replies used as training/eval responses")
+    )
+    completion_model: str = field(
+        default="",
+        metadata=_h(
+            "model that writes the harmful completions (training and attack targets) instead of the base, e.g. one "
+            "that does not refuse; '' = the base. A user JSONL's responses win over both"
+        ),
+    )
+    min_compliant: float = field(
+        default=0.25,
+        metadata=_h(
+            "the run stops unless at least this share (and 2) of the harmful training and eval completions are judged "
+            "compliant; only compliant ones are trained on. The code trains on compliant completions only; there is "
+            "no fallback to refusals"
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class JudgeCfg:
-    backend: str = field(default="offline", metadata=_h(
-        "'offline' [ours] (markers + degeneration); 'harmbench': a causal LM in HarmBench's classifier format "
-        "(yes/no from next-token logits, e.g. cais/HarmBench-Llama-2-13b-cls); 'hf': a text classifier with a trained head"))
+    backend: str = field(
+        default="offline",
+        metadata=_h(
+            "'offline' [ours] (markers + degeneration); 'harmbench': a causal LM in HarmBench's classifier format "
+            "(yes/no from next-token logits, e.g. cais/HarmBench-Llama-2-13b-cls); 'hf': a text classifier with a trained head"
+        ),
+    )
     model_id: str = field(default="", metadata=_h("judge model for backends 'harmbench' and 'hf'"))
-    comply_label: str = field(default="yes", metadata=_h("label of the classifier meaning harmful compliance"))
+    comply_label: str = field(
+        default="yes", metadata=_h("label of the classifier meaning harmful compliance")
+    )
 
 
 @dataclass(frozen=True)
 class Config:
     seed: int = field(default=0, metadata=_h("seed of splits, sampling and init"))
-    model: str = field(default="smollm2-135m-instruct", metadata=_h("HF id, folder, packaged alias, or 'tiny-llama' (tests)"))
+    model: str = field(
+        default="smollm2-135m-instruct", metadata=_h("HF id, folder, packaged alias, or 'tiny-llama' (tests)")
+    )
     dtype: str = field(default="float32", metadata=_h("float32 or bfloat16 (GPU)"))
     device: str = field(default="auto", metadata=_h("auto, cpu or cuda"))
-    threads: int = field(default=0, metadata=_h("torch CPU threads (0 = torch default); 1 is ~3.5x faster than 2 on the shared 2-core machine"))
-    variant: str = field(default="full", metadata=_h("label shown in the report ('demo' for the short variant)"))
+    threads: int = field(
+        default=0,
+        metadata=_h(
+            "torch CPU threads (0 = torch default); 1 is ~3.5x faster than 2 on the shared 2-core machine"
+        ),
+    )
+    variant: str = field(
+        default="full", metadata=_h("label shown in the report ('demo' for the short variant)")
+    )
     models: tuple[str, ...] = field(default=MODELS, metadata=_h("which models to train/evaluate, in order"))
-    mechanism_layers: str = field(default="third,two_thirds,-2", metadata=_h("layers of the mechanism metrics"))
+    mechanism_layers: str = field(
+        default="third,two_thirds,-2", metadata=_h("layers of the mechanism metrics")
+    )
     data: DataCfg = field(default_factory=DataCfg)
     sft: SftCfg = field(default_factory=SftCfg)
     defense: DefenseCfg = field(default_factory=DefenseCfg)
@@ -112,7 +153,9 @@ def _completion_replies(cfg: Config, device, prompts: list[str]) -> list[str]:
     """Harmful completions from ``data.completion_model`` (loaded, used, freed)."""
     from reprlab.methods.crl_safety.chat import ChatFormat as _Fmt
 
-    other, otok = load_model(dataclasses.replace(cfg, model=cfg.data.completion_model, seed=cfg.seed + 1), device)
+    other, otok = load_model(
+        dataclasses.replace(cfg, model=cfg.data.completion_model, seed=cfg.seed + 1), device
+    )
     out = _base_replies(other, otok, _Fmt(otok, cfg.data.system_prompt, cfg.data.max_prompt_tokens), prompts,
                         cfg.data.response_tokens)  # fmt: skip
     del other
@@ -179,21 +222,36 @@ def run(cfg: Config, run) -> dict:
                if not (d.completion_model and k.startswith("harmful"))}  # fmt: skip
         if d.completion_model:  # one load of the other model for both harmful sets
             both = _completion_replies(cfg, run.device, sp.harmful_train + sp.harmful_eval)
-            out["harmful_train"], out["harmful_eval"] = both[: len(sp.harmful_train)], both[len(sp.harmful_train) :]
+            out["harmful_train"], out["harmful_eval"] = (
+                both[: len(sp.harmful_train)],
+                both[len(sp.harmful_train) :],
+            )
         for k in ("harmful_train", "harmful_eval"):  # a user's own responses win
             out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]
-        out["splits"] = {k: getattr(sp, k) for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest")}
+        out["splits"] = {
+            k: getattr(sp, k)
+            for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest")
+        }
         return out
 
     g = run.stage("generate", gen_stage)
-    pair = lambda p, r, end: (fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens))  # noqa: E731
+
+    def pair(p, r, end):
+        return fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens)
+
     # harmful completions for RR/CRL/mining and attack targets: only those judged "comply"; too few stops the run
-    source = f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
+    source = (
+        f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
+    )
     source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
     labels = judge(sp.harmful_train, g["harmful_train"])
     check_compliant(labels, "harmful training", d.min_compliant, source)
     check_compliant(judge(sp.harmful_eval, g["harmful_eval"]), "held-out harmful", d.min_compliant, source)
-    compliant = [pair(p, r, False) for p, r, lab in zip(sp.harmful_train, g["harmful_train"], labels) if lab == "comply"]
+    compliant = [
+        pair(p, r, False)
+        for p, r, lab in zip(sp.harmful_train, g["harmful_train"], labels)
+        if lab == "comply"
+    ]
     log(f"harmful training completions judged compliant: {len(compliant)} of {len(labels)}")
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
@@ -204,7 +262,9 @@ def run(cfg: Config, run) -> dict:
     ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
     n_layers = num_layers(ref)
     mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
-    allowed = allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
+    allowed = (
+        allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
+    )
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
 
@@ -235,10 +295,18 @@ def run(cfg: Config, run) -> dict:
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
                 blocks = lora_blocks(lc.blocks, kind, cfg.defense, n_layers)
-                torch.manual_seed(cfg.seed)  # every defence starts from the same adapter init and dropout stream
-                peft = add_lora(model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
+                torch.manual_seed(
+                    cfg.seed
+                )  # every defence starts from the same adapter init and dropout stream
+                peft = add_lora(
+                    model0, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind
+                )
                 harm = compliant
-                ben = (benign + refusals if cfg.defense.rr.retain_refusals else benign) if kind == "rr" else benign_crl
+                ben = (
+                    (benign + refusals if cfg.defense.rr.retain_refusals else benign)
+                    if kind == "rr"
+                    else benign_crl
+                )
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
                     with peft.disable_adapter():
                         center = state_means(peft, compliant, benign_crl, pad)
@@ -282,19 +350,41 @@ def report_sections(run_dir: Path) -> list[Section]:
     evals = {m: e for m, e in evals.items() if e is not None}
     out = []
     variant = cfg.get("variant", "full")
-    out.append(Section("Setup", (
-        f"Model `{cfg.get('model')}`; variant **{variant}**"
-        + (" (the short demo variant: tiny eval sets and few steps, so numbers are noisy)" if variant == "demo" else "")
-        + ". Five models: base (no defence), refusal (stage-0 LoRA SFT, ours), RR (circuit breakers), CRL, CRL+mining "
-        "(each a LoRA on top of stage 0). Judge: offline markers + degeneration test [ours]; *comply* means the "
-        "model engaged without refusing or degenerating, an upper bound on harmfulness. ASR = share judged comply; "
-        "refuse and degenerate are reported separately. Compliant harmful replies and attack targets are the base "
-        "model's own generations (run time, never committed).")))
+    out.append(
+        Section(
+            "Setup",
+            (
+                f"Model `{cfg.get('model')}`; variant **{variant}**"
+                + (
+                    " (the short demo variant: tiny eval sets and few steps, so numbers are noisy)"
+                    if variant == "demo"
+                    else ""
+                )
+                + ". Five models: base (no defence), refusal (stage-0 LoRA SFT, ours), RR (circuit breakers), CRL, CRL+mining "
+                "(each a LoRA on top of stage 0). Judge: offline markers + degeneration test [ours]; *comply* means the "
+                "model engaged without refusing or degenerating, an upper bound on harmfulness. ASR = share judged comply; "
+                "refuse and degenerate are reported separately. Compliant harmful replies and attack targets are the base "
+                "model's own generations (run time, never committed)."
+            ),
+        )
+    )
     rows = []
     for m, e in evals.items():
         h = headline(e)
-        rows.append({"model": m, **{k: h.get(k, float("nan")) for k in HEADLINE}, "emb_target_loss": h["emb_target_loss"]})
-    out.append(Section("ASR and utility per model", "Lower ASR is better; benign_compliance should stay near stage 0.", table=rows))
+        rows.append(
+            {
+                "model": m,
+                **{k: h.get(k, float("nan")) for k in HEADLINE},
+                "emb_target_loss": h["emb_target_loss"],
+            }
+        )
+    out.append(
+        Section(
+            "ASR and utility per model",
+            "Lower ASR is better; benign_compliance should stay near stage 0.",
+            table=rows,
+        )
+    )
     rows = []
     for m, e in evals.items():
         for a in ("direct", "prefill", "embedding", "gcg"):
@@ -311,8 +401,18 @@ def report_sections(run_dir: Path) -> list[Section]:
             axes[0].plot(c["curve_mean"], label=f"{m} lr={c['lr']}")
         if "mechanism" in e:
             mech = e["mechanism"]
-            axes[1].plot(mech["layers"], mech.get("cos_harmful_centered", mech["cos_harmful"]), "-o", label=f"{m} harmful")
-            axes[1].plot(mech["layers"], mech.get("cos_benign_centered", mech["cos_benign"]), "--x", label=f"{m} benign")
+            axes[1].plot(
+                mech["layers"],
+                mech.get("cos_harmful_centered", mech["cos_harmful"]),
+                "-o",
+                label=f"{m} harmful",
+            )
+            axes[1].plot(
+                mech["layers"],
+                mech.get("cos_benign_centered", mech["cos_benign"]),
+                "--x",
+                label=f"{m} benign",
+            )
     axes[0].set(xlabel="attack step", ylabel="mean target CE", title="embedding attack (first config)")
     axes[1].set(xlabel="layer", ylabel="centred cos(trained, frozen)", title="mechanism")
     for ax in axes:
@@ -323,9 +423,17 @@ def report_sections(run_dir: Path) -> list[Section]:
         mech = e.get("mechanism")
         if mech:
             for i, layer in enumerate(mech["layers"]):
-                row = {"model": m, "layer": layer, "cos_harmful": mech["cos_harmful"][i], "cos_benign": mech["cos_benign"][i]}
+                row = {
+                    "model": m,
+                    "layer": layer,
+                    "cos_harmful": mech["cos_harmful"][i],
+                    "cos_benign": mech["cos_benign"][i],
+                }
                 if "cos_harmful_centered" in mech:
-                    row.update(ccos_harmful=mech["cos_harmful_centered"][i], ccos_benign=mech["cos_benign_centered"][i])
+                    row.update(
+                        ccos_harmful=mech["cos_harmful_centered"][i],
+                        ccos_benign=mech["cos_benign_centered"][i],
+                    )
                 mech_rows.append({**row, "probe_auroc": mech["probe_auroc"][i]})
     out.append(Section("Embedding attack and mechanism", "cos between each model's and its frozen reference's states "
                        "(stage 0 for the defences, base for refusal) on held-out response tokens, raw and centred (ccos: "

@@ -34,8 +34,14 @@ def target_layers(kind: str, cfg: DefenseCfg | SftCfg, n_layers: int) -> dict[st
     if kind == "sft":
         return {}
     if kind == "rr":
-        return {"harmful": parse_layers(cfg.rr.layers, n_layers), "benign": parse_layers(cfg.rr.retain_layers, n_layers)}
-    return {"harmful": parse_layers(cfg.crl.layers_harmful, n_layers), "benign": parse_layers(cfg.crl.layers_benign, n_layers)}
+        return {
+            "harmful": parse_layers(cfg.rr.layers, n_layers),
+            "benign": parse_layers(cfg.rr.retain_layers, n_layers),
+        }
+    return {
+        "harmful": parse_layers(cfg.crl.layers_harmful, n_layers),
+        "benign": parse_layers(cfg.crl.layers_benign, n_layers),
+    }
 
 
 def lora_blocks(spec: str, kind: str, cfg, n_layers: int) -> list[int] | None:
@@ -91,7 +97,9 @@ class Trainer:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not harmful or not benign:
-            raise ValueError(f"{kind}: empty training set ({len(harmful)} harmful, {len(benign)} benign pairs)")
+            raise ValueError(
+                f"{kind}: empty training set ({len(harmful)} harmful, {len(benign)} benign pairs)"
+            )
         self.kind, self.model, self.cfg, self.run = kind, model, cfg, run
         self.harmful, self.benign, self.pad_id, self.offset = harmful, benign, pad_id, step_offset
         self.n_layers = num_layers(model)
@@ -104,7 +112,9 @@ class Trainer:
         if kind in ("crl", "crl_adv"):
             c = cfg.crl
             if c.kl_reduction not in ("token_mean", "batchmean"):
-                raise ValueError(f"crl.kl_reduction must be 'token_mean' or 'batchmean', got {c.kl_reduction!r}")
+                raise ValueError(
+                    f"crl.kl_reduction must be 'token_mean' or 'batchmean', got {c.kl_reduction!r}"
+                )
             if c.kl_data not in ("benign", "retain"):
                 raise ValueError(f"crl.kl_data must be 'benign' or 'retain', got {c.kl_data!r}")
             if c.kl_data == "retain":
@@ -200,10 +210,14 @@ class Trainer:
 
     def _loss_sft(self, bh: Batch, bb: Batch, ib: list[int]):
         c = self.cfg
-        oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, hidden=False, logits_last=bh.n_response + 1)
+        oh = forward(
+            self.model, bh.attention_mask, input_ids=bh.input_ids, hidden=False, logits_last=bh.n_response + 1
+        )
         lg, tg, m = response_logits(oh.logits, bh)
         ce_h = F.cross_entropy(lg[m].float(), tg[m])
-        ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, hidden=False, logits_last=bb.n_response + 1)
+        ob = forward(
+            self.model, bb.attention_mask, input_ids=bb.input_ids, hidden=False, logits_last=bb.n_response + 1
+        )
         lg, tg, m = response_logits(ob.logits, bb)
         ce_b = F.cross_entropy(lg[m].float(), tg[m])
         _, frozen = self._frozen_rows("benign", self.benign, ib, bb, logits=True)
@@ -224,7 +238,12 @@ class Trainer:
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
         retain = L.rr_retain_loss(h_ben, f_ben)
         loss = c_retain * retain + c_reroute * reroute
-        return loss, {"retain": retain.item(), "reroute": reroute.item(), "c_retain": c_retain, "c_reroute": c_reroute}
+        return loss, {
+            "retain": retain.item(),
+            "reroute": reroute.item(),
+            "c_retain": c_retain,
+            "c_reroute": c_reroute,
+        }
 
     def _mining_step(self, step: int) -> bool:
         """Refresh/extend the latent attack; return whether this step's harmful pass goes through it."""
@@ -278,8 +297,12 @@ class Trainer:
         c = self.cfg.crl
         br = self._batch(self.retain, self._sample(self.retain, self.retain_rng))
         with torch.no_grad(), self.model.disable_adapter():
-            frozen = forward(self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None).logits
-        trained = forward(self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None).logits
+            frozen = forward(
+                self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None
+            ).logits
+        trained = forward(
+            self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None
+        ).logits
         mask = br.attention_mask.bool()
         if c.kl_reduction == "batchmean":
             return L.kl_retain_batchmean(frozen, trained, mask, c.temperature)
