@@ -141,7 +141,12 @@ def test_neuron_restore_rate_is_net_of_the_pre_patch_rate():
 
 def test_neuron_restore_gain_net_detects_a_planted_effect():
     from reprlab.hooks import hooks
-    from reprlab.interp.neurons import ConditionalStats, conditional_stats, neuron_acts, patch_to_conditional_mean
+    from reprlab.interp.neurons import (
+        ConditionalStats,
+        conditional_stats,
+        neuron_acts,
+        patch_to_conditional_mean,
+    )
 
     model, clean_b, te_b, noisy_b, feats = _neuron_setup()
     hook, positions, top = "blocks.1.mlp.hook_post", list(range(9, 15)), torch.arange(8)
@@ -161,3 +166,22 @@ def test_neuron_restore_gain_net_detects_a_planted_effect():
     expected = 1.0 - max(res.true_before, res.restore_rate_random, res.restore_rate_random_matched)
     assert res.restore_gain_net == pytest.approx(expected)
     assert res.restore_gain_net > 0.0
+
+
+def test_thr_selection_split_is_disjoint_and_covers_the_questions():
+    from reprlab.methods.reason_to_rote.recipe_thr import thr_selection_split
+
+    sel, fit = thr_selection_split(97, seed=0)
+    assert len(sel) == round(0.2 * 97) and len(sel) + len(fit) == 97 and not set(sel) & set(fit)
+
+
+def test_fda_val_split_is_disjoint_under_swap_and_leaves_no_val_without_n_val():
+    ds = generate_fda(FDAConfig(n_train=300, n_test=100, n_val=50), seed=0)
+    seen = {}
+    for split, items in ds.splits.items():
+        for it in items:
+            a, b = it.meta["a"], it.meta["b"]
+            key = (min(a, b), max(a, b))
+            assert seen.setdefault(key, split) == split  # no pair (or its swap) in two splits
+    assert len(ds.splits["val"]) == 50 and not any(it.noisy for it in ds.splits["val"])
+    assert "val" not in generate_fda(FDAConfig(n_train=300, n_test=100), seed=0).splits

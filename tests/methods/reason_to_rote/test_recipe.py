@@ -36,3 +36,24 @@ def test_thr_recipe_end_to_end(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     for key in ("heldout_two_hop_em", "facts_em", "noisy_memorized", "probe_bridge_acc_noisy", "inlp_memorization_drop"):
         assert key in summary, key
+
+
+def test_fda_zero_noise_runs_without_noisy_items(tmp_path):
+    # the old recipe raised ValueError when noise_rate=0; now it trains and reports dynamics + final eval
+    out = execute("rote-fda-tiny", [*FDA_TINY[:3], "task.n_test=50", "task.n_val=0", "task.noise_rate=0.0",
+                                    "model.d_model=32", "model.d_mlp=64"], out=tmp_path / "z", quiet=True)  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_train"] == 400 and summary["control"] == 0 and "noisy_memorized" not in summary
+    # every declared claim needs noisy items, so each is "n/a" (not measured), never silently true or false
+    rows = json.loads((out / "claims.json").read_text())["claims"]
+    assert rows and {r["verdict"] for r in rows} == {"n/a"}
+    assert not [k for k in summary if k.startswith("claims.")]
+
+
+@pytest.mark.slow
+def test_fda_control_model_trains_on_true_labels(tmp_path):
+    out = execute("rote-fda-tiny", [*FDA_TINY, "control=true", "task.n_val=50"], out=tmp_path / "c", quiet=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["control"] == 1 and summary["n_noisy"] == 20  # 5% of 400 items, analysed but never trained on
+    for key in ("circuit_iou_null_unrelated", "neuron_restore_gain_net", "probe_carry_selectivity"):
+        assert math.isfinite(summary[key]), key

@@ -78,3 +78,33 @@ def test_early_stop_is_kept_on_resume(tmp_path):
     assert res.stopped_early and res.step == 2
     again = train(_model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", resume=True, quiet=True), seed=0)
     assert again.stopped_early and again.step == 2  # a resumed run does not train past the early stop
+
+
+def test_stop_rule_needs_generalisation_as_well_as_memorisation(tmp_path):
+    tr, te = _data()
+    # stop_memorized=0 holds at the first evaluation; a validation EM threshold of 1.01 never does, so the
+    # run must train to the end instead of stopping on memorisation alone (issue 12, seed 0: test EM 0.13)
+    cfg = TrainConfig(steps=6, batch_size=32, eval_every=2, ckpt_every=5, snapshot_every=0, stop_memorized=0.0,
+                      stop_generalized=1.01)  # fmt: skip
+    res = train(_model(), tr, te, cfg, Run.create(tmp_path / "g", _Cfg(), "t", quiet=True), seed=0, val=te)
+    assert not res.stopped_early and res.step == 6
+    rows = [eval(x.replace("NaN", "0")) for x in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    assert all("val_em" in r for r in rows)
+    # with the threshold at 0 it stops at the first evaluation, as before
+    cfg0 = TrainConfig(**{**cfg.__dict__, "stop_generalized": 0.0})
+    res0 = train(_model(), tr, te, cfg0, Run.create(tmp_path / "h", _Cfg(), "t", quiet=True), seed=0, val=te)
+    assert res0.stopped_early and res0.step == 2
+
+
+def test_dynamics_summary_orders_generalisation_before_memorisation():
+    from reprlab.methods.reason_to_rote.recipe import dynamics_summary
+
+    rows = [{"step": 100, "noisy_memorized": 0.0, "noisy_true_answer": 0.2},
+            {"step": 200, "noisy_memorized": 0.1, "noisy_true_answer": 0.9},
+            {"step": 300, "noisy_memorized": 0.6, "noisy_true_answer": 0.95},  # after the 0.5 crossing: ignored
+            {"step": 400, "noisy_memorized": 1.0, "noisy_true_answer": 0.0}]  # fmt: skip
+    assert dynamics_summary(rows) == {"peak_noisy_true_answer": 0.9, "step_peak_noisy_true": 200,
+                                      "step_memorized_half": 300}  # fmt: skip
+    never = dynamics_summary(rows[:2])
+    assert "step_memorized_half" not in never and never["peak_noisy_true_answer"] == 0.9
+    assert dynamics_summary([{"step": 1, "noisy_memorized": float("nan"), "noisy_true_answer": 0.5}]) == {}

@@ -120,12 +120,14 @@ def fda_sections(run_dir: Path) -> list[Section]:
         out.append(Section(
             "Linear probes for intermediate results",
             "Logistic-regression probes on the residual stream (rows: layers; columns: sequence positions), "
-            "best cells chosen only at positions before the target's value appears as an input token, "
+            "best cells chosen only at positions whose prefix holds no answer token that reveals the target (either "
+            "digit order), on one half of the test items, and scored on the other half; "
             "trained on clean training items, evaluated on held-out clean items and on noisy items against the "
             f"true values. Mean carry accuracy at each carry's best cell: clean {probes['carry_acc_clean']:.3f}, "
             f"noisy {probes['carry_acc_noisy']:.3f} (only items whose probed position precedes the first wrong "
             f"label digit: {probes.get('carry_acc_noisy_shared_prefix', float('nan')):.3f}), shuffled-label control {probes['carry_acc_shuffled']:.3f}, "
-            f"random-init model {probes['carry_acc_random_model']:.3f}.",
+            f"random-init model {probes['carry_acc_random_model']:.3f} (selectivity over it: "
+            f"{probes.get('carry_selectivity', float('nan')):.3f}).",
             table=[{"target": k, **v} for k, v in probes["best"].items()], figure=fig))  # fmt: skip
     inlp = _read(an / "inlp.json")
     if inlp:
@@ -139,7 +141,8 @@ def fda_sections(run_dir: Path) -> list[Section]:
             table=rows))  # fmt: skip
     circ = _read(an / "circuits.json")
     if circ:
-        keys = ["n_nodes", "top_k", "iou", "iou_random_baseline", "faithfulness_memorization",
+        keys = ["n_nodes", "top_k", "iou", "iou_null_unrelated", "iou_null_unrelated_pair", "iou_excess",
+                "iou_random_baseline", "faithfulness_memorization",
                 "faithfulness_generalization", "faithfulness_memorization_with_generalization_circuit"]
         fig, ax = plt.subplots(figsize=(6.4, 2.8))
         hooks = sorted(set(circ["score_share_by_hook_memorization"]))
@@ -154,7 +157,10 @@ def fda_sections(run_dir: Path) -> list[Section]:
             "Circuit overlap (node attribution patching)",
             "Top-k nodes (head × position, neuron × position) by |mean attribution| for the memorisation "
             "metric on noisy items and the generalisation metric on clean items; faithfulness with non-circuit "
-            "nodes mean-ablated.", table=[{k: circ[k] for k in keys}], figure=fig))  # fmt: skip
+            "nodes mean-ablated. Null: circuits of unrelated metrics (logit difference of a random digit pair) "
+            "on the same items and positions; iou_excess = iou minus the larger mean IoU of either circuit with "
+            "them (the uniform-random baseline is shown but is no evidence: it ignores positions).",
+            table=[{k: circ.get(k) for k in keys}], figure=fig))  # fmt: skip
     neu = _read(an / "neurons.json")
     if neu:
         fig, ax = plt.subplots(figsize=(6.4, 2.6))
@@ -162,13 +168,16 @@ def fda_sections(run_dir: Path) -> list[Section]:
         ax.set_xticks(range(len(neu["neurons"])), neu["neurons"], fontsize=7, rotation=90)
         ax.set_ylabel("mean z on noisy items")
         fig.tight_layout()
-        keys = ["hook", "z_noisy_abs", "z_clean_abs", "restore_rate", "restore_rate_random", "memorized_before",
-                "memorized_after", "true_before", "clean_em_before", "clean_em_after"]
+        keys = ["hook", "z_noisy_abs", "z_clean_abs", "restore_rate", "true_before", "restore_rate_random",
+                "restore_rate_random_matched", "restore_gain", "restore_gain_net", "memorized_before",
+                "memorized_after", "clean_em_before", "clean_em_after"]
         out.append(Section(
             "Outlier-heuristic neurons",
             "Top neurons of the MLP layer by memorisation attribution; z-scores against clean-item means "
-            "conditional on the column sum; patching them to the clean-conditional mean at every answer position.",
-            table=[{k: neu[k] for k in keys}], figure=fig))  # fmt: skip
+            "conditional on the column sum; patching them to the clean-conditional mean at every answer position. "
+            "restore_gain = restore_rate − true_before (items already answering y* are not restored); "
+            "restore_gain_net subtracts the larger gain of random neurons (uniform, or attribution ranks K..4K).",
+            table=[{k: neu.get(k) for k in keys}], figure=fig))  # fmt: skip
     return out
 
 
@@ -193,7 +202,8 @@ def thr_sections(run_dir: Path) -> list[Section]:
     if pr:
         out.append(Section("Bridge-entity probe", f"Best cell {pr['best_layer']} / position {pr['best_position']}; "
                            f"{pr['n_classes_train']} classes; majority rate {pr['majority']:.3f}.",
-                           table=[{k: pr.get(k) for k in ("acc_noisy", "acc_heldout", "acc_shuffled", "acc_noisy_random_model")}]))
+                           table=[{k: pr.get(k) for k in ("acc_select", "acc_noisy", "acc_heldout", "acc_shuffled",
+                                                          "acc_noisy_random_model")}]))
     il = _read(an / "inlp.json")
     if il:
         out.append(Section("INLP: removing the bridge subspace", f"rank {il['rank']} at {il['layer']} / position "
