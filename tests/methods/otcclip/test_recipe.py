@@ -48,16 +48,20 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     cfg = _cfg()
     run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
     summary = recipe.run(cfg, run)
+    import json
+
+    # the summary is the final evaluation, and the re-matching/split diagnostics are those of the last
+    # matching epoch logged in metrics.jsonl (a consistency check; values are tested on planted problems)
+    results = json.loads((run.dir / "analysis" / "results.json").read_text())
     for d in recipe.DEFENSES:
         for m in ("asr_targeted", "asr_backdoor", "zeroshot_acc", "linear_probe_acc"):
-            assert 0.0 <= summary[f"{d}.{m}"] <= 1.0
-    for k in (
-        "otcclip.rematch_poison_moved",
-        "otcclip.rematch_clean_kept",
-        "audit.precision",
-        "audit.recall",
-    ):
-        assert 0.0 <= summary[k] <= 1.0
+            assert summary[f"{d}.{m}"] == results[d][m]
+    log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    last_match = [r for r in log if r.get("defense") == "otcclip" and r["phase"] == "otc_match"][-1]
+    for k in ("rematch_poison_moved", "rematch_clean_kept"):
+        assert summary[f"otcclip.{k}"] == last_match[k]
+    assert last_match["ot_converged_share"] > 0 and "ot_max_marginal_error" in last_match
+    assert summary["audit.n_flagged"] >= 0 and "audit.ot_max_marginal_error" in summary
     sections = recipe.report_sections(run.dir)
     assert sections[0].table and len(sections[0].table) == 4 and any(s.figure is not None for s in sections)
     assert (run.dir / "audit" / "flagged.csv").exists()

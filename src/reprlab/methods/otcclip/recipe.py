@@ -348,6 +348,26 @@ def report_sections(run_dir: Path) -> list[Section]:
     sections.append(Section("ASR and accuracy per defense", figure=fig))
 
     log = _read_jsonl(run_dir / "metrics.jsonl")
+    ot_rows = [
+        {
+            "defense": r["defense"],
+            "epoch": r["epoch"],
+            "max marginal error": r["ot_max_marginal_error"],
+            "converged share": r["ot_converged_share"],
+        }
+        for r in log
+        if "ot_max_marginal_error" in r
+    ]
+    if ot_rows:
+        sections.append(
+            Section(
+                "Re-matching OT convergence",
+                "Largest L1 marginal error of the re-matching OT solves per matching epoch, and the share of solves "
+                "within defense.ot.match_tol (null tolerance: judged against 1e-4). Above tolerance the trainer "
+                "warns; the ranking of candidates can then depend on solver error.",
+                table=ot_rows,
+            )
+        )
     if log:
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
         for d in defenses:
