@@ -47,7 +47,9 @@ def main() -> None:
     ap.add_argument("--model", default="all-minilm-l6-v2")
     ap.add_argument("--arch", default="encoder", choices=["encoder", "decoder"])
     ap.add_argument("--words", type=int, default=150)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads; 1 is fastest on the shared 2-core box")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads; 1 is fastest on the shared 2-core box"
+    )
     ap.add_argument("--batch-size", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats as sps
 
 from reprlab.cli import execute
@@ -127,3 +128,35 @@ def test_full_normic_tiny_with_smollm2(tmp_path):
     ):
         assert np.isfinite(s[key]), key
     assert (run_dir / "analysis" / "lm_ic.json").exists()
+
+
+@pytest.fixture(scope="module")
+def short_context_encoder(tmp_path_factory):
+    """A tiny random BERT with MiniLM's WordPiece tokenizer and only 24 positions (22 pieces per text)."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from reprlab.models.hf import _resolve
+
+    path = tmp_path_factory.mktemp("tiny_bert")
+    tok = AutoTokenizer.from_pretrained(_resolve("all-minilm-l6-v2")[0])
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=24)  # fmt: skip
+    torch.manual_seed(0)
+    BertModel(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_documents_longer_than_the_context_are_counted_not_hidden(short_context_encoder, tmp_path):
+    """Length texts keep every piece the model accepts; prefixes beyond it are cut *and counted* per source."""
+    over = [o for o in SMALL if not o.startswith(("length.n_words", "length.n_points"))]
+    run_dir = execute("normic-tiny", [*over, f"encoder.model={short_context_encoder}", "encoder.name=tiny",
+                                      "length.n_words=30", "length.n_points=6"], out=tmp_path / "run", quiet=True)  # fmt: skip
+    s = json.loads((run_dir / "summary.json").read_text())
+    ctx = json.loads((run_dir / "analysis" / "context.json").read_text())["tiny_L1"]
+    assert ctx["limit"] == 22 and ctx["n_docs"] == 4  # 24 positions − [CLS] − [SEP]; 2 synthetic + 2 natural
+    # 30 lower-case words are ≥ 30 WordPiece pieces > 22: every full document exceeds the context
+    assert ctx["docs"] == 4 and s["tiny_L1.docs_over_context"] == 4 and ctx["max_pieces"] >= 30
+    assert ctx["prefixes"] >= 4
+    sec = next(x for x in report_sections(run_dir) if x.title.startswith("Documents longer"))
+    assert sec.table[0]["over context"] == 4

@@ -14,5 +14,7 @@ Modules (one concept each): ``ic`` (information content sources), ``vocab`` (fre
 ``static`` (GloVe, SGNS, input tables), ``extract`` (batched per-layer HF states), ``compose``
 (composition functions), ``normalize`` (centring/whitening on a disjoint fit vocabulary), ``stats``
 (correlations with bootstrap CIs), ``conditions`` (sufficient-condition diagnostics), ``length`` (CER and
-fixed point), ``recipe`` (the run entry).
+fixed point, CIs over documents), ``nulls`` (random-vector, piece-count and shuffled-IC baselines, and which
+correlations survive them [ours]), ``availability`` (models usable offline, checked before any work),
+``recipe`` (the run entry).
 """

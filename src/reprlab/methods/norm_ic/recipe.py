@@ -7,8 +7,10 @@ Paper: Amigó et al., Findings of EMNLP 2025 (abstract only); see ``reprlab.meth
 parts are the paper's and which are ours. On this project's offline machines MiniLM stands in for BERT and
 SmolLM2-135M for LLaMA (ModernBERT has no offline stand-in); reports say so.
 
-Flow: setup (vocabulary, IC, corpus) → static sources → one stage per HF model (word level + length) →
-summary. Every stage is resumable through ``run.stage``.
+Flow: preflight (compositions, models available offline; before the run folder exists) → setup
+(vocabulary, IC, corpus) → static sources → one stage per HF model (word level + length) → the random-vector
+CER null → summary. Every raw correlation row is tested against null baselines (``nulls``); nothing is
+truncated silently (``extract``). Every stage is resumable through ``run.stage``.
 """
 
 from __future__ import annotations
