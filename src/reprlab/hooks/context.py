@@ -37,11 +37,20 @@ def _register(model: nn.Module, name: str, fn: HookFn):
 
         return site.module.register_forward_hook(out_hook)
 
+    def call(x: Tensor) -> Tensor | None:
+        if site.heads is None:
+            return fn(x, name)
+        # concatenated heads (batch, pos, heads * d_head): hooks see and return (batch, pos, heads, d_head);
+        # the view itself flows on, so a cached view is in the graph and receives gradients
+        view = x.unflatten(-1, (site.heads, -1))
+        new = fn(view, name)
+        return (view if new is None else new).flatten(-2)
+
     def pre_hook(_module, args, kwargs):
         if args:
-            new = fn(args[0], name)
+            new = call(args[0])
             return None if new is None else ((new, *args[1:]), kwargs)
-        new = fn(kwargs["hidden_states"], name)
+        new = call(kwargs["hidden_states"])
         return None if new is None else (args, {**kwargs, "hidden_states": new})
 
     return site.module.register_forward_pre_hook(pre_hook, with_kwargs=True)

@@ -11,8 +11,10 @@ Hook names follow one vocabulary for every model:
 For our GPT (``reprlab.models.gpt``) every name is a ``HookPoint`` submodule. For a Hugging Face model the
 adapter maps names onto its modules: ``resid_pre`` is the input of decoder layer ``i``, ``resid_post`` its
 output, ``mlp.hook_post`` the input of the MLP down-projection (``c_proj`` / ``down_proj``: for gated MLPs
-this is ``act(gate) * up``, the tensor whose coordinates are the neurons). ``resid_mid`` and ``hook_z``
-do not exist as tensors in HF models and raise ``KeyError`` naming the available sites.
+this is ``act(gate) * up``, the tensor whose coordinates are the neurons), ``attn.hook_z`` the input of the
+attention output projection (``c_proj`` / ``o_proj``) viewed as (batch, pos, n_heads, d_head), which is the
+same tensor as our GPT's ``hook_z``. ``resid_mid`` does not exist as a tensor in HF models and raises
+``KeyError`` naming the available sites.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Site:
 
     module: nn.Module
     kind: Literal["output", "input"]
+    # "input" sites holding concatenated heads set this: hooks see (batch, pos, heads, d_head)
+    heads: int | None = None
 
 
 def _hf_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module]:
@@ -73,7 +77,9 @@ def final_norm_and_unembed(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return norm, head
 
 
-_HF_PATTERN = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|attn\.hook_out|mlp\.hook_out|mlp\.hook_post)$")
+_HF_PATTERN = re.compile(
+    r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_post|attn\.hook_out|attn\.hook_z|mlp\.hook_out|mlp\.hook_post)$"
+)
 
 
 def resolve(model: nn.Module, name: str) -> Site:
@@ -90,7 +96,7 @@ def resolve(model: nn.Module, name: str) -> Site:
     if match is None or int(match.group(1)) >= len(layers):
         raise KeyError(
             f"unknown hook {name!r} for {type(model).__name__}; valid: blocks.{{0..{len(layers) - 1}}}."
-            "{hook_resid_pre, hook_resid_post, attn.hook_out, mlp.hook_out, mlp.hook_post}"
+            "{hook_resid_pre, hook_resid_post, attn.hook_out, attn.hook_z, mlp.hook_out, mlp.hook_post}"
         )
     layer = layers[int(match.group(1))]
     what = match.group(2)
@@ -102,6 +108,11 @@ def resolve(model: nn.Module, name: str) -> Site:
     mlp = layer.mlp
     if what == "attn.hook_out":
         return Site(attn, "output")
+    if what == "attn.hook_z":
+        out_proj = getattr(attn, "c_proj", None) or getattr(attn, "o_proj", None)
+        if out_proj is None:
+            raise KeyError(f"no attention output projection (c_proj/o_proj) in {type(attn).__name__}")
+        return Site(out_proj, "input", heads=int(model.config.num_attention_heads))
     if what == "mlp.hook_out":
         return Site(mlp, "output")
     down = getattr(mlp, "c_proj", None) or getattr(mlp, "down_proj", None)

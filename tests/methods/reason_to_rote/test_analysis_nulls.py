@@ -43,7 +43,11 @@ def test_leak_free_positions_precede_every_revealing_token(order):
     # pinned by hand: plain order puts column 4 (= carry 3) first, so carry3 / sum_digit4 / sum_digit3 are
     # only probed at '=' (position 9); reversed keeps carry k up to the position predicting digit k
     if order == "plain":
-        assert [A.leak_free_last_position(t, order, s) for t in ("carry3", "sum_digit4", "sum_digit3")] == [9, 9, 10]
+        assert [A.leak_free_last_position(t, order, s) for t in ("carry3", "sum_digit4", "sum_digit3")] == [
+            9,
+            9,
+            10,
+        ]
     else:
         assert [A.leak_free_last_position(f"carry{k}", order, s) for k in range(4)] == [9, 10, 11, 12]
 
@@ -150,7 +154,9 @@ def test_neuron_restore_gain_net_detects_a_planted_effect():
 
     model, clean_b, te_b, noisy_b, feats = _neuron_setup()
     hook, positions, top = "blocks.1.mlp.hook_post", list(range(9, 15)), torch.arange(8)
-    stats: ConditionalStats = conditional_stats(neuron_acts(model, clean_b.ids, hook, positions), feats["clean"], 20)
+    stats: ConditionalStats = conditional_stats(
+        neuron_acts(model, clean_b.ids, hook, positions), feats["clean"], 20
+    )
     mu, _ = stats.lookup(feats["noisy"])
     # planted: the "true" answer is the model's greedy output *with neurons 0..7 patched*, so the top-8 patch
     # restores every item (oracle: greedy under the same hook matches itself) and random neurons rarely do
