@@ -96,3 +96,28 @@ def test_null_test_undefined_nulls_and_negative_direction():
         0,
         "undefined",
     )
+
+
+def test_partial_spearman_given_count():
+    """ρ(IC, ‖v‖² | count) against the textbook partial-correlation formula on ranks, and on the planted data."""
+    from reprlab.methods.norm_ic.nulls import partial_spearman
+
+    rng = np.random.default_rng(2)
+    x, z = rng.normal(size=500), rng.integers(1, 5, 500).astype(float)
+    y = z + 0.5 * x + rng.normal(size=500)
+    r = lambda a, b: sps.spearmanr(a, b).statistic  # noqa: E731
+    ref = (r(x, y) - r(x, z) * r(y, z)) / math.sqrt((1 - r(x, z) ** 2) * (1 - r(y, z) ** 2))
+    assert partial_spearman(x, y, z) == pytest.approx(ref, abs=1e-12)  # same algebra: exact up to rounding
+    for planted in (False, True):
+        ev, ic, k = _words(0, N, planted)
+        fit, _, _ = _words(1, 400, planted)
+        rows, _ = analyse_words("toy", ev, fit, ic, np.zeros(N, int), np.full(400, 1e-4), ("sum",), ("raw",), ACFG,
+                                NO_PAIRS, seed=0)  # fmt: skip
+        row = rows[0]
+        assert row["null_count_partial_lo"] <= row["null_count_partial"] <= row["null_count_partial_hi"]
+        # random pieces carry nothing about IC among equal-count words: ±0.1 ≈ 3 standard errors at n = 800
+        assert abs(row["null_random_partial"]) < 0.1
+        if planted:  # the planted norm carries IC within words of equal piece count
+            assert row["null_count_partial_lo"] > 0.5
+        else:  # random pieces: nothing about IC beyond the count
+            assert row["null_count_partial_lo"] < 0 < row["null_count_partial_hi"]

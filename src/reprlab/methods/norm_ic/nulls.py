@@ -15,6 +15,11 @@ separate that from information in the vectors:
 A correlation *survives* in the direction of its sign when (a) ρ lies outside the shuffled interval and
 (b) the paired bootstrap CI of ρ − ρ_null excludes 0 for the random-vector null and for the piece count
 (same resampled words on both sides). Nulls that are undefined for a row are skipped and named.
+
+Beating the piece count is a strict test: a norm can carry IC *beyond* the count and still correlate less
+with IC than the count does. So each row also reports the partial Spearman ρ(IC, ‖v‖² | piece count) with its
+bootstrap CI (information about IC within words of equal piece count), next to the same partial ρ of the
+random-vector null (large for SIF, whose weights are a function of frequency); shown, not part of the verdict.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class NullResult:
     count: float
     count_diff_lo: float
     count_diff_hi: float
+    count_partial: float
+    count_partial_lo: float
+    count_partial_hi: float
+    random_partial: (
+        float  # ρ(IC, ‖v_random‖² | count): what random pieces give within equal counts (SIF: a lot)
+    )
     verdict: int  # +1 positive beyond every defined null, −1 negative beyond them, 0 not
     failed: str  # the nulls it does not beat, comma-separated ("" when it survives)
 
@@ -89,8 +100,20 @@ def shuffle_interval(n: int, n_perm: int, ci: float, seed: int) -> tuple[float, 
     return float(np.quantile(rho, q)), float(np.quantile(rho, 1 - q))
 
 
-def _boot_spearman(x: np.ndarray, y: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return _pearson_rows(resample_ranks(x, idx), resample_ranks(y, idx))
+def _residual_rows(y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Row-wise OLS residuals of ``y`` on ``z`` (with intercept), both ``(b, n)``."""
+    zc = z - z.mean(-1, keepdims=True)
+    yc = y - y.mean(-1, keepdims=True)
+    var = (zc * zc).sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        beta = np.where(var > 0, (zc * yc).sum(-1, keepdims=True) / var, 0.0)
+    return yc - beta * zc
+
+
+def partial_spearman(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> float:
+    """Spearman ρ(x, y | z): Pearson of the ranks of x and y after removing the linear effect of z's ranks."""
+    rx, ry, rz = (rankdata(v)[None] for v in (x, y, z))
+    return float(_pearson_rows(_residual_rows(rx, rz), _residual_rows(ry, rz))[0])
 
 
 def null_test(ic: np.ndarray, sq: np.ndarray, sq_random: np.ndarray | None, count: np.ndarray | None,
@@ -107,7 +130,8 @@ def null_test(ic: np.ndarray, sq: np.ndarray, sq_random: np.ndarray | None, coun
     rho = spearman(ic, sq)
     rng = np.random.default_rng(seed + 29)
     idx = rng.integers(0, len(ic), size=(n_boot, len(ic)))
-    boot = _boot_spearman(ic, sq, idx)
+    r_ic, r_sq = resample_ranks(ic, idx), resample_ranks(sq, idx)  # each resample's ranks, reused below
+    boot = _pearson_rows(r_ic, r_sq)
     q = (1 - ci) / 2
     out = {"spearman": rho, "shuffle_lo": shuffle[0], "shuffle_hi": shuffle[1]}
     for tag, other in (("random", sq_random), ("count", count)):
@@ -115,11 +139,26 @@ def null_test(ic: np.ndarray, sq: np.ndarray, sq_random: np.ndarray | None, coun
             out.update({tag: float("nan"), f"{tag}_diff_lo": float("nan"), f"{tag}_diff_hi": float("nan")})
             continue
         other = np.asarray(other, float)
-        diff = boot - _boot_spearman(ic, other, idx)
+        diff = boot - _pearson_rows(r_ic, resample_ranks(other, idx))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             lo, hi = np.nanquantile(diff, [q, 1 - q])
         out.update({tag: spearman(ic, other), f"{tag}_diff_lo": float(lo), f"{tag}_diff_hi": float(hi)})
+    nan = float("nan")
+    out.update(
+        {"count_partial": nan, "count_partial_lo": nan, "count_partial_hi": nan, "random_partial": nan}
+    )
+    if count is not None and np.ptp(np.asarray(count, float)) > 0:
+        c = np.asarray(count, float)
+        rc = resample_ranks(c, idx)
+        pb = _pearson_rows(_residual_rows(r_ic, rc), _residual_rows(r_sq, rc))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, hi = np.nanquantile(pb, [q, 1 - q])
+        out.update({"count_partial": partial_spearman(ic, sq, c), "count_partial_lo": float(lo),
+                    "count_partial_hi": float(hi)})  # fmt: skip
+        if sq_random is not None and np.ptp(np.asarray(sq_random, float)) > 0:
+            out["random_partial"] = partial_spearman(ic, np.asarray(sq_random, float), c)
     verdict, failed = survival(out)
     return NullResult(**out, verdict=verdict, failed=failed)
 

@@ -590,6 +590,9 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
                 for tag in ("random", "count"):
                     for b in ("lo", "hi"):
                         summary[f"{key}.null_{tag}.diff_{b}"] = row[f"null_{tag}_diff_{b}"]
+                for b in ("", "_lo", "_hi"):
+                    summary[f"{key}.null_count.partial{b}"] = row[f"null_count_partial{b}"]
+                summary[f"{key}.null_random.partial"] = row["null_random_partial"]
                 summary[f"{key}.null_shuffle.lo"] = row["null_shuffle_lo"]
                 summary[f"{key}.null_shuffle.hi"] = row["null_shuffle_hi"]
                 summary[f"{row['source']}.piece_count.spearman"] = row["piece_count_spearman"]

@@ -27,7 +27,10 @@ NULL_TEXT = (
     "fixed random vector carrying no information, composed exactly like the model's; (2) the piece count "
     "alone; (3) IC shuffled over words (95% permutation interval of ρ). A row survives when ρ lies outside "
     "the shuffled interval and the paired bootstrap CIs of ρ − ρ_random and ρ − ρ_count exclude 0, in the "
-    "direction of ρ's sign. 'pooled' (CLS/EOS) has no random-piece analogue; one-piece sources have no count null."
+    "direction of ρ's sign. 'pooled' (CLS/EOS) has no random-piece analogue; one-piece sources have no count null. "
+    "Beating the count is strict, so 'ρ | count' (partial Spearman given the piece count, bootstrap CI) says "
+    "whether the norm still tracks IC among words with equal piece counts (next to what random pieces give there); "
+    "it is shown, not part of the verdict."
 )
 STAND_INS = (
     "Models: MiniLM-L6 (all-MiniLM-L6-v2) stands in for BERT and SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) "
@@ -63,6 +66,9 @@ def _nulls(r: dict) -> dict:
             "shuffled-IC 95%": f"[{r['null_shuffle_lo']:.3f}, {r['null_shuffle_hi']:.3f}]",
             "rho - random [CI]": "n/a" if not np.isfinite(r["null_random_diff_lo"]) else
             f"{r['spearman'] - r['null_random']:.3f} [{r['null_random_diff_lo']:.3f}, {r['null_random_diff_hi']:.3f}]",
+            "rho | count [CI]": "n/a" if not np.isfinite(r.get("null_count_partial", np.nan)) else
+            f"{r['null_count_partial']:.3f} [{r['null_count_partial_lo']:.3f}, {r['null_count_partial_hi']:.3f}]",
+            "rho | count, random pieces": f(r.get("null_random_partial")),
             "verdict": VERDICT[r["verdict"]] + (f" ({r['failed']})" if r["failed"] else "")}  # fmt: skip
 
 
@@ -81,6 +87,18 @@ def correlation_table(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _partial(r: dict) -> str:
+    """'; ρ|count = … [CI]' when the row loses to the piece count yet carries IC within equal counts."""
+    lo, hi = r.get("null_count_partial_lo", np.nan), r.get("null_count_partial_hi", np.nan)
+    rand = r.get("null_random_partial", np.nan)
+    floor = rand if np.isfinite(rand) else 0.0  # beyond what random pieces give within equal counts
+    same_side = lo > max(floor, 0) if r["spearman"] > 0 else hi < min(floor, 0)
+    if "piece count" not in r["failed"] or not np.isfinite(lo) or not same_side:
+        return ""  # not a count failure, no count, or no IC left within equal counts beyond random pieces
+    ref = f", random pieces {rand:+.2f}" if np.isfinite(rand) else ""
+    return f"; but ρ | count = {r['null_count_partial']:+.2f} [{lo:+.2f}, {hi:+.2f}]{ref}"
+
+
 def survival_text(rows: list[dict]) -> str:
     """Which word-level conclusions survive the null baselines, source by source."""
     raw = [r for r in rows if r["normalization"] == "raw" and "verdict" in r]
@@ -91,9 +109,7 @@ def survival_text(rows: list[dict]) -> str:
         rs = [r for r in raw if r["source"] == src]
         pos = [r["composition"] for r in rs if r["verdict"] == 1]
         neg = [r["composition"] for r in rs if r["verdict"] == -1]
-        gone = [
-            f"{r['composition']} (ρ {r['spearman']:+.2f}; {r['failed']})" for r in rs if r["verdict"] == 0
-        ]
+        gone = [f"{r['composition']} (ρ {r['spearman']:+.2f}; {r['failed']}{_partial(r)})" for r in rs if r["verdict"] == 0]  # fmt: skip
         pc = rs[0].get("piece_count_spearman")
         pc_txt = (
             f"piece count alone ρ = {pc:+.2f}" if pc is not None and np.isfinite(pc) else "one piece per word"
@@ -105,14 +121,23 @@ def survival_text(rows: list[dict]) -> str:
 
 
 def composition_ranking(rows: list[dict]) -> list[dict]:
-    """Mean raw Spearman of each composition over the subword sources (static tables have only 'word')."""
-    by: dict[str, list[float]] = {}
+    """Mean raw Spearman of each composition over the subword sources (static tables have only 'word'), with
+    the mean excess over the random-vector null and how many sources survive every null (positive ρ)."""
+    by: dict[str, list[dict]] = {}
     for r in rows:
         # NaN: constant norms, e.g. the CLS/EOS state at layer 0, which no word can influence
         if r["normalization"] == "raw" and r["composition"] != "word" and np.isfinite(r["spearman"]):
-            by.setdefault(r["composition"], []).append(r["spearman"])
-    table = [{"composition": c, "mean spearman": float(np.mean(v)), "min": float(np.min(v)),
-              "max": float(np.max(v)), "sources": len(v)} for c, v in by.items()]  # fmt: skip
+            by.setdefault(r["composition"], []).append(r)
+    table = []
+    for c, rs in by.items():
+        v = [r["spearman"] for r in rs]
+        row = {"composition": c, "mean spearman": float(np.mean(v)), "min": float(np.min(v)),
+               "max": float(np.max(v)), "sources": len(v)}  # fmt: skip
+        if all("verdict" in r for r in rs):
+            ex = [r["spearman"] - r["null_random"] for r in rs if np.isfinite(r["null_random"])]
+            row["mean rho - random"] = float(np.mean(ex)) if ex else float("nan")
+            row["sources surviving (+)"] = sum(r["verdict"] == 1 for r in rs)
+        table.append(row)
     return sorted(table, key=lambda t: -t["mean spearman"])
 
 
