@@ -191,3 +191,16 @@ def test_fda_val_split_is_disjoint_under_swap_and_leaves_no_val_without_n_val():
             assert seen.setdefault(key, split) == split  # no pair (or its swap) in two splits
     assert len(ds.splits["val"]) == 50 and not any(it.noisy for it in ds.splits["val"])
     assert "val" not in generate_fda(FDAConfig(n_train=300, n_test=100), seed=0).splits
+
+
+def test_edge_circuits_use_the_same_nulls_and_an_untrained_model_shows_no_shared_circuit():
+    clean, clean_b, te, te_b, noisy, noisy_b = _fda("reversed", n_train=1200, n_test=50)
+    model = _untrained(2)
+    res = A.run_edge_circuits(model, clean_b, noisy_b, top_k_frac=0.2, n_items=40, seed=0, n_null=3)
+    assert res["n_edges"] == 33 and res["top_k"] == 6  # 2 layers x 4 heads: see test_edges for the count
+    assert len(res["edges_memorization"]) == len(res["edges_generalization"]) == 6
+    # an untrained model's memorisation metric is just another logit difference: no excess over the null
+    # (measured |excess| <= 0.2 with 6-edge circuits, where one shared edge moves IoU by ~0.1)
+    assert res["iou_excess"] == pytest.approx(res["iou"] - res["iou_null_unrelated"])
+    assert res["iou_excess"] < 0.25
+    assert 0 <= res["iou_null_unrelated"] <= 1
