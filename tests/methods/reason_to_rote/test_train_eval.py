@@ -108,3 +108,15 @@ def test_dynamics_summary_orders_generalisation_before_memorisation():
     never = dynamics_summary(rows[:2])
     assert "step_memorized_half" not in never and never["peak_noisy_true_answer"] == 0.9
     assert dynamics_summary([{"step": 1, "noisy_memorized": float("nan"), "noisy_true_answer": 0.5}]) == {}
+
+
+def test_max_steps_truncates_without_changing_the_schedule(tmp_path):
+    tr, te = _data()
+    full = TrainConfig(steps=8, batch_size=32, eval_every=2, ckpt_every=4, snapshot_every=0, warmup_steps=2)
+    cut = TrainConfig(**{**full.__dict__, "max_steps": 5})
+    res = train(_model(), tr, te, cut, Run.create(tmp_path / "c", _Cfg(), "t", quiet=True), seed=0)
+    assert res.step == 5 and not res.stopped_early
+    train(_model(), tr, te, full, Run.create(tmp_path / "f", _Cfg(), "t", quiet=True), seed=0)
+    lr = lambda d: [eval(x.replace("NaN", "0"))["lr"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    # oracle: the truncated run logs the same learning rates as the full run up to its end (same horizon)
+    assert lr("c")[:2] == lr("f")[:2] and len(lr("c")) == 3  # evaluations at steps 2, 4 and the last step 5

@@ -42,6 +42,11 @@ class TrainConfig:
     stop_memorized: float = field(
         default=1.01, metadata={"help": "stop early once noisy memorisation reaches this (>1 never stops)"}
     )
+    max_steps: int = field(
+        default=0,
+        metadata={"help": "end training here without changing the schedule's horizon `steps` (0 = steps); "
+                          "e.g. a control stopped where the noisy run of the same seed stopped"},
+    )  # fmt: skip
     stop_generalized: float = field(
         default=0.0,
         metadata={"help": "and only once clean validation EM (val split, else test) is at least this [ours]"},
@@ -109,7 +114,8 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
                                        [:eval_subset]])  # fmt: skip
     data = train_set.to(device)
     t0, last, done = time.perf_counter(), {}, start
-    remaining = range(start, start if stopped else cfg.steps)
+    end = min(cfg.max_steps, cfg.steps) if cfg.max_steps > 0 else cfg.steps
+    remaining = range(start, start if stopped else end)
     for step in run.progress(remaining, total=len(remaining), desc="train"):
         model.train()
         lr = cfg.lr * warmup_cosine_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
@@ -122,7 +128,7 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
+        if done % cfg.eval_every == 0 or done == end:
             m = evaluate(model, test, clean, noisy, device) if len(noisy) else evaluate(model, test, clean, clean, device)
             last = {"loss": round(loss.item(), 5), "lr": lr, **asdict(m)}
             val_em = m.clean_test_em
@@ -134,9 +140,9 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             run.log(done, **last)
             if len(noisy) and m.noisy_memorized >= cfg.stop_memorized and val_em >= cfg.stop_generalized:
                 stopped = True
-        if cfg.snapshot_every and (done % cfg.snapshot_every == 0 or stopped or done == cfg.steps):
+        if cfg.snapshot_every and (done % cfg.snapshot_every == 0 or stopped or done == end):
             run.save_checkpoint(done, {"model": model}, tag="snapshots", keep_last=10_000)
-        if done % cfg.ckpt_every == 0 or stopped or done == cfg.steps:
+        if done % cfg.ckpt_every == 0 or stopped or done == end:
             run.save_checkpoint(done, {"model": model}, {"opt": opt}, extra={"stopped": stopped}, tag="train")
         if stopped:
             break
