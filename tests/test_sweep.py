@@ -26,8 +26,19 @@ def _no_time(summary):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    import torch
+
     out = tmp_path_factory.mktemp("sw") / "s"
-    result = runner.invoke(app, ["run", "smoke-digits", "--seeds", "0,1,2", "--out", str(out), "-q", *FAST])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # module fixtures run outside the suite's one-thread fixture; fix it for bit-equality
+    try:
+        result = runner.invoke(
+            app, ["run", "smoke-digits", "--seeds", "0,1,2", "--out", str(out), "-q", *FAST]
+        )
+    finally:
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
     return out
 
@@ -120,8 +131,10 @@ def test_seed_override_and_bad_seeds_are_input_errors(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
-def test_submitit_local_launcher_matches_inline(tmp_path, sweep):
+def test_submitit_local_launcher_matches_inline(tmp_path, sweep, monkeypatch):
     pytest.importorskip("submitit")
+    # bit-equality needs equal thread counts: the in-process sweep ran with the suite's one intra-op thread
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = run_sweep("smoke-digits", [0, 1], FAST, tmp_path / "sub", quiet=True, launcher="submitit-local",
                     launcher_opts={"timeout_min": 10})  # fmt: skip
     for s in (0, 1):  # each seed ran as its own job, in its own process, into an ordinary run folder

@@ -10,6 +10,7 @@ with ``--resume``, then writes ``DIR/summary.json`` (mean, sd, 95 % t interval a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,9 +88,7 @@ def run_sweep(
             before any seed runs).
         RunFolderError: ``out`` holds something else, or a sweep of another setting.
     """
-    from reprlab.config import config_to_dict
     from reprlab.recipes import get_recipe
-    from reprlab.runs.run import config_differences
 
     if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):
         raise ConfigError("--seeds and a seed=... override contradict each other; drop seed=")
@@ -109,6 +108,11 @@ def run_sweep(
     )
     marker = {"recipe": recipe.name, "overrides": list(overrides), "demo": demo}
 
+    if int(os.environ.get("RANK", "0")) != 0:
+        # under torchrun every rank takes part in each seed's run; only rank 0 owns folders and the aggregate
+        for s, res in _plan(out, seeds, cfgs, resume):
+            _run_one_seed(recipe.name, [*base, f"seed={s}"], str(seed_dir(out, s)), res, True, demo, "")
+        return out
     state = folder_state(out)
     replacement = None
     if state is FolderState.SWEEP:
@@ -141,27 +145,7 @@ def run_sweep(
         out.mkdir(parents=True, exist_ok=True)
         with RunLock.acquire(out):
             atomic_write_json(out / "sweep.json", {**marker, "seeds": list(seeds), "launcher": launcher})
-            plan = []  # (seed, resume?) for the seeds still to run
-            for s in seeds:
-                d = seed_dir(out, s)
-                st = folder_state(d)
-                if st is FolderState.RUN:
-                    saved = read_seed_run(d).config if is_finished(d) else None
-                    if saved is not None:
-                        diff = config_differences(saved, config_to_dict(cfgs[s]))
-                        if diff:
-                            raise RunFolderError(f"{d} was run with another config: {'; '.join(diff[:5])}")
-                        log.info("seed %d already finished in %s; skipping", s, d)
-                        continue
-                    if not resume:
-                        raise RunFolderError(
-                            f"{d} holds an unfinished run", hint="pass --resume to continue it"
-                        )
-                    plan.append((s, True))
-                elif st is FolderState.MISSING or st is FolderState.EMPTY:
-                    plan.append((s, False))
-                else:
-                    raise RunFolderError(f"{d} is not a reprlab run folder; move it out of the sweep")
+            plan = _plan(out, seeds, cfgs, resume)
             failures = _launch(
                 plan, recipe.name, base, out, quiet, demo, track, launcher, launcher_opts or {}
             )
@@ -178,6 +162,33 @@ def run_sweep(
         if replacement is not None:
             replacement.commit() if ok else replacement.rollback()
     return out
+
+
+def _plan(out: Path, seeds: Sequence[int], cfgs: dict[int, Any], resume: bool) -> list[tuple[int, bool]]:
+    """``(seed, resume?)`` for the seeds still to run; finished seeds of the same config are skipped."""
+    from reprlab.config import config_to_dict
+    from reprlab.runs.run import config_differences
+
+    plan = []  # (seed, resume?) for the seeds still to run
+    for s in seeds:
+        d = seed_dir(out, s)
+        st = folder_state(d)
+        if st is FolderState.RUN:
+            saved = read_seed_run(d).config if is_finished(d) else None
+            if saved is not None:
+                diff = config_differences(saved, config_to_dict(cfgs[s]))
+                if diff:
+                    raise RunFolderError(f"{d} was run with another config: {'; '.join(diff[:5])}")
+                log.info("seed %d already finished in %s; skipping", s, d)
+                continue
+            if not resume:
+                raise RunFolderError(f"{d} holds an unfinished run", hint="pass --resume to continue it")
+            plan.append((s, True))
+        elif st is FolderState.MISSING or st is FolderState.EMPTY:
+            plan.append((s, False))
+        else:
+            raise RunFolderError(f"{d} is not a reprlab run folder; move it out of the sweep")
+    return plan
 
 
 def _launch(plan, recipe, base, out, quiet, demo, track, launcher, opts) -> dict[int, str]:
