@@ -57,3 +57,17 @@ def test_fda_control_model_trains_on_true_labels(tmp_path):
     assert summary["control"] == 1 and summary["n_noisy"] == 20  # 5% of 400 items, analysed but never trained on
     for key in ("circuit_iou_null_unrelated", "neuron_restore_gain_net", "probe_carry_selectivity"):
         assert math.isfinite(summary[key]), key
+
+
+def test_sweep_curves_section_has_one_panel_per_seed(tmp_path):
+    from reprlab.methods.reason_to_rote.report import sweep_curves_section
+
+    for s in (0, 1):
+        d = tmp_path / f"seed-{s}"
+        d.mkdir()
+        rows = [{"step": k * 100, "clean_test_em": 0.5, "noisy_memorized": 0.1 * k, "noisy_true_answer": 0.2}
+                for k in range(1, 4)]  # fmt: skip
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    sec = sweep_curves_section(sorted(tmp_path.glob("seed-*")))
+    assert [ax.get_title() for ax in sec.figure.axes] == ["seed-0", "seed-1"]
+    assert sweep_curves_section([tmp_path / "missing"]) is None

@@ -56,6 +56,35 @@ def dynamics_section(run_dir: Path, keys: list[tuple[str, str]], title: str = "T
     return Section(title, text, figure=fig)
 
 
+def sweep_curves_section(seed_dirs: list[Path]) -> Section | None:
+    """Per-seed curves of clean test EM, noisy memorisation and the true-answer rate on noisy items.
+
+    For a sweep laid out as ``DIR/seed-<s>/`` (what ``reprlab run ... --seeds`` writes): one panel per
+    seed, each from that run's ``metrics.jsonl``, with the stopping step marked.
+    """
+    runs = [(Path(d), _metrics(Path(d))) for d in seed_dirs]
+    runs = [(d, [r for r in rows if "noisy_memorized" in r]) for d, rows in runs]
+    runs = [(d, rows) for d, rows in runs if rows]
+    if not runs:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.0 * len(runs), 2.8), sharey=True, squeeze=False)
+    for ax, (d, rows) in zip(axes[0], runs):
+        steps = [r["step"] for r in rows]
+        for key, label in (("clean_test_em", "clean test EM"), ("noisy_memorized", "noisy: memorised"),
+                           ("noisy_true_answer", "noisy: true answer")):  # fmt: skip
+            ax.plot(steps, [r[key] for r in rows], label=label)
+        ax.axvline(steps[-1], color="grey", lw=0.8, ls="--")
+        ax.set_title(d.name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("exact-match share")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return Section("Dynamics per seed", "Greedy exact match along training, one panel per seed; the dashed line "
+                   "is where the stopping rule ended the run.", figure=fig)  # fmt: skip
+
+
 def fda_sections(run_dir: Path) -> list[Section]:
     an = run_dir / "analysis"
     out: list[Section] = [Section("Reason to Rote: FDA", PAPER_NOTE)]
