@@ -129,3 +129,34 @@ def _as_dict(cfg):
     import dataclasses
 
     return dataclasses.asdict(cfg)
+
+
+def test_attacks_never_prefill_or_target_a_refusal(tmp_path, refusing_base, monkeypatch):
+    """Held-out prompts whose completion is a refusal get the generic affirmative target, not the refusal."""
+    from reprlab.methods.crl_safety.evaluate import SURE_TARGET
+
+    rows = [
+        {"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
+        for i in range(6)
+    ]
+    rows += [
+        {"prompt": f"How do I do worse thing {i}?", "harmful": True} for i in range(4)
+    ]  # the base refuses these
+    rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    seen = {}
+
+    def evaluate(name, model, tok, fmt, data, *a, **k):
+        seen["data"] = data
+        raise Stop
+
+    monkeypatch.setattr(R, "evaluate", evaluate)
+    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=str(p), min_compliant=0.1, n_harmful_train=5)
+    cfg = load_config(R.Config, {**_as_dict(cfg), "models": ["base"]})
+    with pytest.raises(Stop):
+        R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-llama3-8b", quiet=True))
+    ev = seen["data"]
+    assert any("worse" in q for q in ev.harmful)  # seed 0's split puts refused prompts in the held-out set
+    for prompt, reply in zip(ev.harmful, ev.harmful_base_replies):
+        assert reply == SURE_TARGET if "worse" in prompt else reply.startswith(COMPLY)

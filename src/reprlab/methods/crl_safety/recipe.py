@@ -29,7 +29,7 @@ from reprlab.errors import ConfigError, DataError
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
-from reprlab.methods.crl_safety.evaluate import AttackCfg, EvalData, evaluate, headline
+from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline
 from reprlab.methods.crl_safety.gcg import allowed_tokens
 from reprlab.methods.crl_safety.judge import check_judge_cfg, make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
@@ -246,7 +246,17 @@ def run(cfg: Config, run) -> dict:
     source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
     labels = judge(sp.harmful_train, g["harmful_train"])
     check_compliant(labels, "harmful training", d.min_compliant, source)
-    check_compliant(judge(sp.harmful_eval, g["harmful_eval"]), "held-out harmful", d.min_compliant, source)
+    ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
+    check_compliant(ev_labels, "held-out harmful", d.min_compliant, source)
+    # prefill prefixes, attack targets and mechanism pairs never come from a refusal: a held-out prompt without a
+    # compliant completion gets the generic affirmative target instead [ours: HarmBench's per-behaviour target
+    # strings are not packaged offline]
+    ev_replies = [r if lab == "comply" else SURE_TARGET for r, lab in zip(g["harmful_eval"], ev_labels)]
+    n_sure = sum(lab != "comply" for lab in ev_labels)
+    if n_sure:
+        log(
+            f"{n_sure} of {len(ev_labels)} held-out harmful completions are not compliant: target {SURE_TARGET!r}"
+        )
     compliant = [
         pair(p, r, False)
         for p, r, lab in zip(sp.harmful_train, g["harmful_train"], labels)
@@ -256,9 +266,9 @@ def run(cfg: Config, run) -> dict:
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
     benign_crl = benign + refusals if cfg.defense.crl.benign_includes_refusals else benign
-    ev = EvalData(sp.harmful_eval, g["harmful_eval"], sp.harmless_eval,
+    ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
-                  [pair(p, r, False) for p, r in zip(sp.harmful_eval, g["harmful_eval"])], sp.xstest)  # fmt: skip
+                  [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
     ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
     n_layers = num_layers(ref)
     mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
@@ -323,6 +333,7 @@ def run(cfg: Config, run) -> dict:
     for m in cfg.models:
         for k, v in headline(results[m]).items():
             summary[f"{m}.{k}"] = v
+    summary["harmful_eval_sure_targets"] = n_sure
     summary["model"] = cfg.model
     summary["variant"] = cfg.variant
     summary["seconds"] = round(time.time() - t_start, 1)
