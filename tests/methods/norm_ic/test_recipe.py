@@ -128,6 +128,13 @@ def test_full_normic_tiny_with_smollm2(tmp_path):
     ):
         assert np.isfinite(s[key]), key
     assert (run_dir / "analysis" / "lm_ic.json").exists()
+    # issue 14 on the shipped recipe: nulls on every decoder row, CER CIs over documents, claims evaluated
+    for comp in ("sum", "ind", "joint"):
+        assert s[f"smollm2_L30.{comp}.verdict"] in (-1, 0, 1)
+        assert np.isfinite(s[f"smollm2_L30.{comp}.null_random.spearman"])
+    assert s["smollm2_L30.pooled.fixed_cos_natural_lo"] <= s["smollm2_L30.pooled.fixed_cos_natural_hi"]
+    assert s["smollm2_L30.docs_over_context"] == 0 and s["minilm_L6.docs_over_context"] == 0
+    assert "claims.paper_eos_fixed_point" in s and "claims.paper_cls_fixed_point" in s
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ special tokens); an item longer than that, or than an explicit ``max_pieces``, r
 pieces (``on_truncate="warn"``); :attr:`TokenStates.n_pieces` keeps every item's untruncated length. Cutting
 prefixes silently manufactures a length fixed point (issue 14: MiniLM's CLS ``cos_to_final_2nd_half`` was
 0.9946 at 64 pieces against 0.9686 at 512 on one 80-word document).
+
 For decoders the model's final RMSNorm is bypassed by reading its *input* through a forward hook: the
 normalised last state has its norm fixed by the norm's gain, which would erase the quantity under study
 [brief §3; ours for the mechanism].
