@@ -135,7 +135,7 @@ def _ablation_hooks(means: dict[str, Tensor], keep: set[tuple[str, int, int]] | 
         def fn(act: Tensor, _n: str) -> Tensor:
             mask = torch.zeros(act.shape[1:3], dtype=torch.bool, device=act.device)  # (pos, units) kept
             if keep:
-                for (h, p, u) in keep:
+                for h, p, u in keep:
                     if h == name and p < act.shape[1]:
                         mask[p, u] = True
             m = mask if act.ndim == 3 else mask[..., None]

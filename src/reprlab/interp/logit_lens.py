@@ -76,9 +76,9 @@ def logit_lens(model: nn.Module, ids: Tensor, positions: Tensor, tokens_a: Tenso
     device = next(model.parameters()).device
     probs_a, probs_b, ranks_a, ranks_b = [], [], [], []
     for s in range(0, ids.shape[0], batch_size):
-        x = ids[s:s + batch_size].to(device)
-        p = positions[s:s + batch_size].to(device)
-        ta, tb = tokens_a[s:s + batch_size].to(device), tokens_b[s:s + batch_size].to(device)
+        x = ids[s : s + batch_size].to(device)
+        p = positions[s : s + batch_size].to(device)
+        ta, tb = tokens_a[s : s + batch_size].to(device), tokens_b[s : s + batch_size].to(device)
         _, cache = run_with_cache(model, x, names=names)
         resid = cache.stack(names)[:, torch.arange(x.shape[0], device=device), p]  # (n_layers+1, b, d_model)
         logits = unembed(norm(resid)).float()  # (n_layers+1, b, d_vocab)

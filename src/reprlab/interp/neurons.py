@@ -51,7 +51,9 @@ def neuron_acts(model: nn.Module, ids: Tensor, hook: str, positions: list[int]) 
     return cache[hook][:, positions].float().cpu()
 
 
-def conditional_stats(acts: Tensor, features: Tensor, n_values: int, min_std: float = 1e-3) -> ConditionalStats:
+def conditional_stats(
+    acts: Tensor, features: Tensor, n_values: int, min_std: float = 1e-3
+) -> ConditionalStats:
     """Feature-conditional neuron statistics over clean items.
 
     Args:
@@ -135,7 +137,7 @@ def _em(model, ids, start: int, length: int, fwd_hooks=()) -> Tensor:
     x = ids.to(device)
     with torch.no_grad(), hooks(model, list(fwd_hooks)):
         pred = model(x).argmax(-1)
-    ok = pred[:, start - 1:start + length - 1] == x[:, start:start + length]
+    ok = pred[:, start - 1 : start + length - 1] == x[:, start : start + length]
     return ok.all(1).cpu()
 
 
@@ -163,8 +165,10 @@ def outlier_neuron_analysis(
     gen = torch.Generator().manual_seed(seed)
     d_mlp = ranking.shape[0]
     rands = [torch.randperm(d_mlp, generator=gen)[:k] for _ in range(n_random)]
-    pool = ranking.argsort(descending=True)[k:min(4 * k, d_mlp)]
-    matched = [pool[torch.randperm(len(pool), generator=gen)[:k]] for _ in range(n_random)] if len(pool) else []
+    pool = ranking.argsort(descending=True)[k : min(4 * k, d_mlp)]
+    matched = (
+        [pool[torch.randperm(len(pool), generator=gen)[:k]] for _ in range(n_random)] if len(pool) else []
+    )
 
     def zscores(ids: Tensor, feats: Tensor, at: Tensor) -> Tensor:
         acts = neuron_acts(model, ids, hook, positions)

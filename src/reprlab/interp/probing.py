@@ -30,7 +30,7 @@ def collect(model: nn.Module, ids: Tensor, names: list[str], positions: list[int
     device = next(model.parameters()).device
     out = []
     for s in range(0, ids.shape[0], batch_size):
-        _, cache = run_with_cache(model, ids[s:s + batch_size].to(device), names=names)
+        _, cache = run_with_cache(model, ids[s : s + batch_size].to(device), names=names)
         acts = cache.stack(names)
         out.append((acts if positions is None else acts[:, :, positions]).float().cpu())
     return torch.cat(out, 1)

@@ -7,11 +7,27 @@ import pytest
 
 from reprlab.cli import execute
 
-FDA_TINY = ["train.steps=40", "train.eval_every=20", "task.n_train=400", "task.n_test=100",
-            "analysis.probe_items=200", "analysis.circuit_items=20", "model.d_model=32", "model.d_mlp=64"]
-SUMMARY_KEYS = ["clean_test_em", "noisy_memorized", "noisy_true_answer", "probe_carry_acc_clean",
-                "probe_carry_acc_noisy", "inlp_memorization_drop", "inlp_random_drop", "circuit_iou",
-                "neuron_patch_restore_rate"]
+FDA_TINY = [
+    "train.steps=40",
+    "train.eval_every=20",
+    "task.n_train=400",
+    "task.n_test=100",
+    "analysis.probe_items=200",
+    "analysis.circuit_items=20",
+    "model.d_model=32",
+    "model.d_mlp=64",
+]
+SUMMARY_KEYS = [
+    "clean_test_em",
+    "noisy_memorized",
+    "noisy_true_answer",
+    "probe_carry_acc_clean",
+    "probe_carry_acc_noisy",
+    "inlp_memorization_drop",
+    "inlp_random_drop",
+    "circuit_iou",
+    "neuron_patch_restore_rate",
+]
 
 
 @pytest.mark.slow
@@ -31,10 +47,20 @@ def test_fda_recipe_end_to_end_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_thr_recipe_end_to_end(tmp_path):
-    out = execute("rote-thr-tiny", ["train.steps=20", "train.eval_every=10", "task.n_people=30", "task.n_orgs=6"],
-                  out=tmp_path / "thr", quiet=True)
+    out = execute(
+        "rote-thr-tiny",
+        ["train.steps=20", "train.eval_every=10", "task.n_people=30", "task.n_orgs=6"],
+        out=tmp_path / "thr",
+        quiet=True,
+    )
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("heldout_two_hop_em", "facts_em", "noisy_memorized", "probe_bridge_acc_noisy", "inlp_memorization_drop"):
+    for key in (
+        "heldout_two_hop_em",
+        "facts_em",
+        "noisy_memorized",
+        "probe_bridge_acc_noisy",
+        "inlp_memorization_drop",
+    ):
         assert key in summary, key
 
 
@@ -52,9 +78,13 @@ def test_fda_zero_noise_runs_without_noisy_items(tmp_path):
 
 @pytest.mark.slow
 def test_fda_control_model_trains_on_true_labels(tmp_path):
-    out = execute("rote-fda-tiny", [*FDA_TINY, "control=true", "task.n_val=50"], out=tmp_path / "c", quiet=True)
+    out = execute(
+        "rote-fda-tiny", [*FDA_TINY, "control=true", "task.n_val=50"], out=tmp_path / "c", quiet=True
+    )
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["control"] == 1 and summary["n_noisy"] == 20  # 5% of 400 items, analysed but never trained on
+    assert (
+        summary["control"] == 1 and summary["n_noisy"] == 20
+    )  # 5% of 400 items, analysed but never trained on
     for key in ("circuit_iou_null_unrelated", "neuron_restore_gain_net", "probe_carry_selectivity"):
         assert math.isfinite(summary[key]), key
 

@@ -42,8 +42,9 @@ def test_fda_answers_and_intermediates(order):
         assert it.meta["carries"] == ref
         assert validate_fda_item(it, order) is None
     assert carries(999, 1) == [1, 1, 1, 0]
-    assert ds.splits["train"][0].true_answer[::1 if order == "reversed" else -1][0] == str(
-        (ds.splits["train"][0].meta["a"] + ds.splits["train"][0].meta["b"]) % 10)
+    assert ds.splits["train"][0].true_answer[:: 1 if order == "reversed" else -1][0] == str(
+        (ds.splits["train"][0].meta["a"] + ds.splits["train"][0].meta["b"]) % 10
+    )
 
 
 @pytest.mark.parametrize("mode", ["uniform", "digit"])
@@ -123,7 +124,11 @@ def test_thr_generation(tmp_path):
     cfg = THRConfig(n_people=40, n_orgs=8, n_relations=3)
     ds = generate_thr(cfg, seed=1)
     assert ds.splits == generate_thr(cfg, seed=1).splits
-    facts = {(it.meta["relation"], it.meta["subject"]): it.true_answer for it in ds.splits["train"] if it.kind == "fact"}
+    facts = {
+        (it.meta["relation"], it.meta["subject"]): it.true_answer
+        for it in ds.splits["train"]
+        if it.kind == "fact"
+    }
     assert len(facts) == 8 + 2 * 40  # ceo per org + two person relations per person
     questions = [it for s in ds.splits.values() for it in s if it.kind == "two_hop"]
     assert len(questions) == (8 + 2 * 40) * 2

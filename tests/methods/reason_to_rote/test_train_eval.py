@@ -1,5 +1,6 @@
 """Answer-only loss, teacher-forced EM = greedy decoding, and bit-exact resume of training."""
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -73,10 +74,14 @@ def test_resume_is_bit_exact(tmp_path):
 def test_early_stop_is_kept_on_resume(tmp_path):
     tr, te = _data()
     # stop_memorized=0 stops at the first evaluation (any memorisation rate >= 0)
-    cfg = TrainConfig(steps=10, batch_size=32, eval_every=2, ckpt_every=5, snapshot_every=0, stop_memorized=0.0)
+    cfg = TrainConfig(
+        steps=10, batch_size=32, eval_every=2, ckpt_every=5, snapshot_every=0, stop_memorized=0.0
+    )
     res = train(_model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", quiet=True), seed=0)
     assert res.stopped_early and res.step == 2
-    again = train(_model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", resume=True, quiet=True), seed=0)
+    again = train(
+        _model(), tr, te, cfg, Run.create(tmp_path / "s", _Cfg(), "t", resume=True, quiet=True), seed=0
+    )
     assert again.stopped_early and again.step == 2  # a resumed run does not train past the early stop
 
 
@@ -117,6 +122,10 @@ def test_max_steps_truncates_without_changing_the_schedule(tmp_path):
     res = train(_model(), tr, te, cut, Run.create(tmp_path / "c", _Cfg(), "t", quiet=True), seed=0)
     assert res.step == 5 and not res.stopped_early
     train(_model(), tr, te, full, Run.create(tmp_path / "f", _Cfg(), "t", quiet=True), seed=0)
-    lr = lambda d: [eval(x.replace("NaN", "0"))["lr"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+
+    def lr(d):
+        lines = (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["lr"] for x in lines]
+
     # oracle: the truncated run logs the same learning rates as the full run up to its end (same horizon)
     assert lr("c")[:2] == lr("f")[:2] and len(lr("c")) == 3  # evaluations at steps 2, 4 and the last step 5

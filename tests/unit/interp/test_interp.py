@@ -31,8 +31,17 @@ def gpt():
 @pytest.fixture(scope="module")
 def hf_gpt2():
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=13, n_positions=10, n_embd=32, n_layer=2, n_head=4, n_inner=64,
-                     tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=13,
+        n_positions=10,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=64,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -65,7 +74,9 @@ def test_probe_grid_planted_signal():
     n, d = 400, 8
     x = torch.tensor(rng.normal(size=(2, n, 3, d)), dtype=torch.float32)
     y = rng.integers(0, 2, n)
-    x[1, :, 2, 0] += torch.tensor(4.0 * (2 * y - 1), dtype=torch.float32)  # signal only at layer 1, position 2
+    x[1, :, 2, 0] += torch.tensor(
+        4.0 * (2 * y - 1), dtype=torch.float32
+    )  # signal only at layer 1, position 2
     res = probe_grid("y", x[:, :300], y[:300], {"test": (x[:, 300:], y[300:])}, ["l0", "l1"], [0, 1, 2])
     assert res.best == (1, 2)
     assert res.acc["test"][1, 2] > 0.95  # separable with margin 4 sigma
@@ -76,7 +87,9 @@ def test_collect_shapes_hf(hf_gpt2, llama):
     acts = collect(hf_gpt2, torch.randint(0, 13, (4, 10)), ["blocks.0.hook_resid_post"], [2, 5])
     assert acts.shape == (1, 4, 2, 32)
     # Llama's gated MLP: hook_post is the input of down_proj, act(gate) * up, one value per neuron
-    acts = collect(llama, torch.randint(0, 13, (4, 10)), ["blocks.1.mlp.hook_post", "blocks.0.hook_resid_pre"][:1], [2])
+    acts = collect(
+        llama, torch.randint(0, 13, (4, 10)), ["blocks.1.mlp.hook_post", "blocks.0.hook_resid_pre"][:1], [2]
+    )
     assert acts.shape == (1, 4, 1, 64)
 
 
@@ -115,11 +128,14 @@ def test_attribution_matches_activation_patching(gpt):
     base = metric(gpt(clean), slice(0, 8)).mean().item()
     scores, actual = [], []
     for u in range(0, 64, 4):  # 16 neurons at the metric position
+
         def fn(a, _n, u=u):
             a = a.clone()
             a[:, 9, u] = c_cache["blocks.1.mlp.hook_post"][:, 9, u]
             return a
+
         from reprlab.hooks import hooks
+
         with torch.no_grad(), hooks(gpt, [("blocks.1.mlp.hook_post", fn)]):
             actual.append(metric(gpt(clean), slice(0, 8)).mean().item() - base)
         scores.append(res.scores["blocks.1.mlp.hook_post"][9, u].item())
@@ -130,15 +146,22 @@ def test_faithfulness_bounds_and_iou(gpt):
     ids = torch.randint(0, 13, (6, 10))
     metric = ItemMetric(torch.full((6,), 9), torch.full((6,), 1), torch.full((6,), 2))
     means = node_means(gpt, torch.randint(0, 13, (32, 10)))
-    everything = {(n, p, u) for n in node_hooks(gpt) for p in range(10)
-                  for u in range(4 if n.endswith("hook_z") else 64)}
+    everything = {
+        (n, p, u)
+        for n in node_hooks(gpt)
+        for p in range(10)
+        for u in range(4 if n.endswith("hook_z") else 64)
+    }
     full = faithfulness(gpt, ids, metric, everything, means)
     assert full.m_circuit == pytest.approx(full.m_full, abs=1e-5)  # keeping every node = no ablation
     empty = faithfulness(gpt, ids, metric, set(), means)
     assert empty.m_circuit == pytest.approx(empty.m_empty, abs=1e-6)
     assert iou({1, 2, 3}, {2, 3, 4}) == 0.5 and iou(set(), set()) == 1.0
     rng = np.random.default_rng(0)  # Monte-Carlo check of the closed-form random IoU (±0.01 at 2000 draws)
-    sims = [iou(set(rng.choice(200, 20, replace=False)), set(rng.choice(200, 20, replace=False))) for _ in range(2000)]
+    sims = [
+        iou(set(rng.choice(200, 20, replace=False)), set(rng.choice(200, 20, replace=False)))
+        for _ in range(2000)
+    ]
     assert random_iou_baseline(200, 20) == pytest.approx(np.mean(sims), abs=0.01)
 
 
@@ -162,4 +185,6 @@ def test_inlp_max_rank_caps_multiclass_removal():
     x[np.arange(500), y] += 3.0  # six classes, one direction each
     res = inlp(x, y, n_iters=5, max_rank=4, seed=0)
     assert res.rank == 4 and len(res.accuracies) >= 2
-    assert res.accuracies[-1] < res.accuracies[0]  # removing 4 of the 6 class directions still hurts the probe
+    assert (
+        res.accuracies[-1] < res.accuracies[0]
+    )  # removing 4 of the 6 class directions still hurts the probe

@@ -99,7 +99,7 @@ def leak_free_last_position(target: str, digit_order: str, answer_start: int) ->
 def selection_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint halves of ``range(n)``: (select, report). Cells are chosen on one and scored on the other."""
     perm = np.random.default_rng(seed + 7).permutation(n)
-    return np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
+    return np.sort(perm[: n // 2]), np.sort(perm[n // 2 :])
 
 
 def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, train_items: list[Item],
@@ -175,7 +175,9 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
 
 def _em_with(model: nn.Module, batch: Batch, ids: Tensor, fwd_hooks) -> float:
     with hooks(model, fwd_hooks):
-        return answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
+        return (
+            answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
+        )
 
 
 def run_inlp(model: nn.Module, probes: dict, train_clean: Batch, train_items: list[Item], test: Batch,
@@ -280,7 +282,7 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
              for _ in range(n_null)]  # fmt: skip
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
-    pairs = [iou(a, b) for i, a in enumerate(nulls) for b in nulls[i + 1:]]
+    pairs = [iou(a, b) for i, a in enumerate(nulls) for b in nulls[i + 1 :]]
     means = node_means(model, train_clean.ids[:1000])
     f_mem = faithfulness(model, noisy_sub.ids, mem_metric, mem_c, means)
     f_gen = faithfulness(model, clean_sub.ids[keep_idx], gen_metric, gen_c, means)
@@ -337,7 +339,9 @@ def run_edge_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_
     top_k = max(1, int(top_k_frac * n_edges))
     mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
     null_gen = torch.Generator().manual_seed(seed + 101)
-    nulls = [eap(noisy_sub.ids, corrupt_n.ids, _unrelated_metric(at, null_gen)).top_k(top_k) for _ in range(n_null)]
+    nulls = [
+        eap(noisy_sub.ids, corrupt_n.ids, _unrelated_metric(at, null_gen)).top_k(top_k) for _ in range(n_null)
+    ]
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
     means = upstream_means(model, train_clean.ids[:1000])
@@ -379,4 +383,12 @@ def run_neurons(model: nn.Module, mem_scores: dict, train_clean: Batch, train_it
     return out
 
 
-__all__ = ["first_diff", "node_hooks", "run_circuits", "run_inlp", "run_logit_lens", "run_neurons", "run_probes"]
+__all__ = [
+    "first_diff",
+    "node_hooks",
+    "run_circuits",
+    "run_inlp",
+    "run_logit_lens",
+    "run_neurons",
+    "run_probes",
+]

@@ -30,11 +30,11 @@ def answer_matches(model: nn.Module, ids: Tensor, batch: Batch, batch_size: int 
     out = []
     max_len = int(batch.answer_len.max())
     for s in range(0, len(batch), batch_size):
-        x = ids[s:s + batch_size]
+        x = ids[s : s + batch_size]
         logits = model(x)
         pred = logits.argmax(-1)  # (b, pos)
-        start = batch.answer_start[s:s + batch_size].to(x.device)
-        alen = batch.answer_len[s:s + batch_size].to(x.device)
+        start = batch.answer_start[s : s + batch_size].to(x.device)
+        alen = batch.answer_len[s : s + batch_size].to(x.device)
         offs = torch.arange(max_len, device=x.device)
         tgt_pos = (start[:, None] + offs).clamp(max=x.shape[1] - 1)  # (b, max_len)
         ok = pred.gather(1, tgt_pos - 1) == x.gather(1, tgt_pos)
@@ -48,7 +48,7 @@ def greedy_decode(model: nn.Module, prompt_ids: Tensor, n_tokens: int) -> Tensor
     with torch.no_grad():
         for _ in range(n_tokens):
             x = torch.cat([x, model(x)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return x[:, prompt_ids.shape[1]:]
+    return x[:, prompt_ids.shape[1] :]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ class FDAConfig:
 
     n_train: int = field(default=20000, metadata={"help": "training pairs"})
     n_test: int = field(default=2000, metadata={"help": "clean held-out test pairs"})
-    n_val: int = field(default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)"})
+    n_val: int = field(
+        default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)"}
+    )
     noise_rate: float = field(default=0.05, metadata={"help": "share of training items with a wrong label"})
     noise_mode: str = field(default="uniform", metadata={"help": "uniform | digit"})
     digit_order: str = field(default="reversed", metadata={"help": "answer digit order: reversed | plain"})
@@ -166,4 +168,4 @@ def column_features(items: list[Item], digit_order: str) -> list[list[int]]:
 def cascading_carry(item: Item) -> bool:
     """True for items with a carry chain through >= 3 columns (e.g. 4999+5001), reported separately."""
     c = item.meta["carries"]
-    return any(all(c[i:i + 3]) for i in range(2))
+    return any(all(c[i : i + 3]) for i in range(2))

@@ -55,9 +55,13 @@ class AnalysisConfig:
     neuron_layer: int = field(default=-1, metadata={"help": "MLP layer for the neuron analysis (-1 = last)"})
     neuron_random_draws: int = field(default=5, metadata={"help": "draws of each random-neuron control"})
     circuit_nulls: int = field(default=3, metadata={"help": "unrelated-metric circuits (the IoU null)"})
-    edge_circuits: bool = field(default=False, metadata={"help": "also build edge circuits (EAP) with the same nulls"})
+    edge_circuits: bool = field(
+        default=False, metadata={"help": "also build edge circuits (EAP) with the same nulls"}
+    )
     edge_top_frac: float = field(default=0.2, metadata={"help": "share of edges kept in an edge circuit"})
-    edge_ig_steps: int = field(default=0, metadata={"help": "integrated-gradient steps for EAP-IG (0 = plain EAP)"})
+    edge_ig_steps: int = field(
+        default=0, metadata={"help": "integrated-gradient steps for EAP-IG (0 = plain EAP)"}
+    )
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,9 @@ def dynamics_summary(rows: list[dict], threshold: float = 0.5) -> dict:
 
 def _metrics_rows(run) -> list[dict]:
     path = run.dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
 
 
 def preflight(cfg: Config) -> None:
@@ -144,7 +150,15 @@ def run(cfg: Config, run) -> dict:
     def final_eval() -> dict:
         m = evaluate(model, test, clean_all, noisy if noisy is not None else clean_all, run.device)
         hard = [i for i, it in enumerate(test_items) if cascading_carry(it)]
-        hard_em = answer_matches(model, test.ids[hard], test.select(torch.tensor(hard))).all(1).float().mean().item() if hard else float("nan")
+        hard_em = (
+            answer_matches(model, test.ids[hard], test.select(torch.tensor(hard)))
+            .all(1)
+            .float()
+            .mean()
+            .item()
+            if hard
+            else float("nan")
+        )
         return {**asdict(m), "cascading_carry_test_em": hard_em, "n_cascading": len(hard),
                 "steps": tr.step, "train_seconds": round(tr.seconds, 1), "stopped_early": tr.stopped_early}  # fmt: skip
 

@@ -62,7 +62,9 @@ def thr_selection_split(n: int, seed: int, frac: float = 0.2) -> tuple[np.ndarra
 
 def _em(model, batch, ids, fwd=()) -> float:
     with hooks(model, list(fwd)):
-        return answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
+        return (
+            answer_matches(model, ids.to(next(model.parameters()).device), batch).all(1).float().mean().item()
+        )
 
 
 def run(cfg: Config, run) -> dict:
@@ -78,9 +80,15 @@ def run(cfg: Config, run) -> dict:
     clean_q = [it for it in train_items if it.kind == "two_hop" and not it.noisy]
     noisy_items = [it for it in train_items if it.noisy]
     if not noisy_items:
-        raise DataError("the THR training split has no noisy questions; the analyses need task.noise_rate > 0")
+        raise DataError(
+            "the THR training split has no noisy questions; the analyses need task.noise_rate > 0"
+        )
     train_set, test = tensorize(train_items, vocab), tensorize(test_items, vocab)
-    facts_b, clean_b, noisy = tensorize(facts, vocab), tensorize(clean_q, vocab), tensorize(noisy_items, vocab)
+    facts_b, clean_b, noisy = (
+        tensorize(facts, vocab),
+        tensorize(clean_q, vocab),
+        tensorize(noisy_items, vocab),
+    )
 
     torch.manual_seed(cfg.seed)
     mc = cfg.model
@@ -129,7 +137,10 @@ def run(cfg: Config, run) -> dict:
         # control: the same probe on an untrained model of the same shape (entity identity alone)
         torch.manual_seed(cfg.seed + 1)
         rand = GPT(model.cfg).to(run.device).eval()
-        ra = {n: collect(rand, b.ids, [names[li]], [positions[pi]]) for n, b in (("train", fit_b), ("noisy", noisy))}
+        ra = {
+            n: collect(rand, b.ids, [names[li]], [positions[pi]])
+            for n, b in (("train", fit_b), ("noisy", noisy))
+        }
         rgrid = probe_grid("bridge", ra["train"], ys["train"], {"noisy": (ra["noisy"], ys["noisy"])},
                            layers[li:li + 1], positions[pi:pi + 1], seed=cfg.seed, shuffle_control=False)  # fmt: skip
         return {**grid.to_json(), "best_layer": layers[li], "best_position": positions[pi],
@@ -150,7 +161,9 @@ def run(cfg: Config, run) -> dict:
         y = np.array([person[it.meta["bridge"]] for it in clean_q])
         res = inlp(x, y, n_iters=cfg.inlp_iters, seed=cfg.seed, max_rank=cfg.inlp_max_rank)
         h = [(names[li], project_out_hook(res.projection, [positions[pi]]))]
-        hr = [(names[li], project_out_hook(random_projection(x.shape[1], res.rank, cfg.seed), [positions[pi]]))]
+        hr = [
+            (names[li], project_out_hook(random_projection(x.shape[1], res.rank, cfg.seed), [positions[pi]]))
+        ]
         out = {"layer": layers[li], "position": positions[pi], "rank": res.rank, "accuracies": res.accuracies}
         for tag, fwd in (("before", []), ("inlp", h), ("random", hr)):
             out[tag] = {"noisy_memorized": _em(model, noisy, noisy.ids, fwd),

@@ -33,7 +33,9 @@ def _plt():
     return plt
 
 
-def dynamics_section(run_dir: Path, keys: list[tuple[str, str]], title: str = "Training dynamics") -> Section | None:
+def dynamics_section(
+    run_dir: Path, keys: list[tuple[str, str]], title: str = "Training dynamics"
+) -> Section | None:
     rows = [r for r in _metrics(run_dir) if keys[0][0] in r]
     if not rows:
         return None
@@ -90,10 +92,22 @@ def fda_sections(run_dir: Path) -> list[Section]:
     out: list[Section] = [Section("Reason to Rote: FDA", PAPER_NOTE)]
     final = _read(an / "final_eval.json")
     if final:
-        out.append(Section("Final evaluation", table=[{k: v for k, v in final.items() if k != "test_digit_acc"}],
-                           text=f"Per-answer-token test accuracy (teacher-forced, last = EOS): {final['test_digit_acc']}"))
-    dyn = dynamics_section(run_dir, [("clean_test_em", "clean test EM"), ("noisy_memorized", "noisy: memorised label"),
-                                     ("noisy_true_answer", "noisy: true answer"), ("clean_train_em", "clean train EM")])
+        out.append(
+            Section(
+                "Final evaluation",
+                table=[{k: v for k, v in final.items() if k != "test_digit_acc"}],
+                text=f"Per-answer-token test accuracy (teacher-forced, last = EOS): {final['test_digit_acc']}",
+            )
+        )
+    dyn = dynamics_section(
+        run_dir,
+        [
+            ("clean_test_em", "clean test EM"),
+            ("noisy_memorized", "noisy: memorised label"),
+            ("noisy_true_answer", "noisy: true answer"),
+            ("clean_train_em", "clean train EM"),
+        ],
+    )
     if dyn:
         out.append(dyn)
     plt = _plt()
@@ -124,15 +138,26 @@ def fda_sections(run_dir: Path) -> list[Section]:
         snaps = lot["snapshots"]
         fig, ax = plt.subplots(figsize=(6.4, 3.0))
         for li, layer in enumerate(snaps[0]["layers"]):
-            ax.plot([s["step"] for s in snaps], [s["share_true_above_noisy"][li] for s in snaps], marker="o", label=layer)
+            ax.plot(
+                [s["step"] for s in snaps],
+                [s["share_true_above_noisy"][li] for s in snaps],
+                marker="o",
+                label=layer,
+            )
         ax.set_xlabel("training step (snapshot)")
         ax.set_ylabel("share: y* ranked above ỹ")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        out.append(Section("Logit lens over training", "Per snapshot and layer, the share of noisy items whose true "
-                           "answer token outranks the memorised one at the first differing position.", figure=fig))
+        out.append(
+            Section(
+                "Logit lens over training",
+                "Per snapshot and layer, the share of noisy items whose true "
+                "answer token outranks the memorised one at the first differing position.",
+                figure=fig,
+            )
+        )
     probes = _read(an / "probes.json")
     if probes:
         names = [f"carry{k}" for k in range(4)]
@@ -170,15 +195,36 @@ def fda_sections(run_dir: Path) -> list[Section]:
             table=rows))  # fmt: skip
     circ = _read(an / "circuits.json")
     if circ:
-        keys = ["n_nodes", "top_k", "iou", "iou_null_unrelated", "iou_null_unrelated_pair", "iou_excess",
-                "iou_random_baseline", "faithfulness_memorization",
-                "faithfulness_generalization", "faithfulness_memorization_with_generalization_circuit"]
+        keys = [
+            "n_nodes",
+            "top_k",
+            "iou",
+            "iou_null_unrelated",
+            "iou_null_unrelated_pair",
+            "iou_excess",
+            "iou_random_baseline",
+            "faithfulness_memorization",
+            "faithfulness_generalization",
+            "faithfulness_memorization_with_generalization_circuit",
+        ]
         fig, ax = plt.subplots(figsize=(6.4, 2.8))
         hooks = sorted(set(circ["score_share_by_hook_memorization"]))
         w = 0.4
-        ax.bar([i - w / 2 for i in range(len(hooks))], [circ["score_share_by_hook_memorization"][h] for h in hooks], w, label="memorisation")
-        ax.bar([i + w / 2 for i in range(len(hooks))], [circ["score_share_by_hook_generalization"][h] for h in hooks], w, label="generalisation")
-        ax.set_xticks(range(len(hooks)), [h.replace("blocks.", "b").replace(".hook_", ".") for h in hooks], fontsize=7)
+        ax.bar(
+            [i - w / 2 for i in range(len(hooks))],
+            [circ["score_share_by_hook_memorization"][h] for h in hooks],
+            w,
+            label="memorisation",
+        )
+        ax.bar(
+            [i + w / 2 for i in range(len(hooks))],
+            [circ["score_share_by_hook_generalization"][h] for h in hooks],
+            w,
+            label="generalisation",
+        )
+        ax.set_xticks(
+            range(len(hooks)), [h.replace("blocks.", "b").replace(".hook_", ".") for h in hooks], fontsize=7
+        )
         ax.set_ylabel("share of |attribution|")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -197,9 +243,21 @@ def fda_sections(run_dir: Path) -> list[Section]:
         ax.set_xticks(range(len(neu["neurons"])), neu["neurons"], fontsize=7, rotation=90)
         ax.set_ylabel("mean z on noisy items")
         fig.tight_layout()
-        keys = ["hook", "z_noisy_abs", "z_clean_abs", "restore_rate", "true_before", "restore_rate_random",
-                "restore_rate_random_matched", "restore_gain", "restore_gain_net", "memorized_before",
-                "memorized_after", "clean_em_before", "clean_em_after"]
+        keys = [
+            "hook",
+            "z_noisy_abs",
+            "z_clean_abs",
+            "restore_rate",
+            "true_before",
+            "restore_rate_random",
+            "restore_rate_random_matched",
+            "restore_gain",
+            "restore_gain_net",
+            "memorized_before",
+            "memorized_after",
+            "clean_em_before",
+            "clean_em_after",
+        ]
         out.append(Section(
             "Outlier-heuristic neurons",
             "Top neurons of the MLP layer by memorisation attribution; z-scores against clean-item means "
@@ -216,25 +274,65 @@ def thr_sections(run_dir: Path) -> list[Section]:
                                   "held-out two-hop accuracy is reported as measured.")]  # fmt: skip
     final = _read(an / "final_eval.json")
     if final:
-        out.append(Section("Final evaluation", "clean_test_em = held-out two-hop questions; clean_train_em = "
-                           "clean training questions.", table=[{k: v for k, v in final.items() if k != "test_digit_acc"}]))
-    dyn = dynamics_section(run_dir, [("clean_test_em", "held-out two-hop EM"), ("noisy_memorized", "noisy: memorised"),
-                                     ("noisy_true_answer", "noisy: true answer"), ("clean_train_em", "clean train EM")])
+        out.append(
+            Section(
+                "Final evaluation",
+                "clean_test_em = held-out two-hop questions; clean_train_em = clean training questions.",
+                table=[{k: v for k, v in final.items() if k != "test_digit_acc"}],
+            )
+        )
+    dyn = dynamics_section(
+        run_dir,
+        [
+            ("clean_test_em", "held-out two-hop EM"),
+            ("noisy_memorized", "noisy: memorised"),
+            ("noisy_true_answer", "noisy: true answer"),
+            ("clean_train_em", "clean train EM"),
+        ],
+    )
     if dyn:
         out.append(dyn)
     lens = _read(an / "logit_lens.json")
     if lens:
-        out.append(Section("Logit lens on noisy questions", table=[
-            {"layer": la, "p(true)": a, "p(noisy)": b, "true above noisy": s}
-            for la, a, b, s in zip(lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"], lens["share_a_above_b"])]))
+        out.append(
+            Section(
+                "Logit lens on noisy questions",
+                table=[
+                    {"layer": la, "p(true)": a, "p(noisy)": b, "true above noisy": s}
+                    for la, a, b, s in zip(
+                        lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"], lens["share_a_above_b"]
+                    )
+                ],
+            )
+        )
     pr = _read(an / "probes.json")
     if pr:
-        out.append(Section("Bridge-entity probe", f"Best cell {pr['best_layer']} / position {pr['best_position']}; "
-                           f"{pr['n_classes_train']} classes; majority rate {pr['majority']:.3f}.",
-                           table=[{k: pr.get(k) for k in ("acc_select", "acc_noisy", "acc_heldout", "acc_shuffled",
-                                                          "acc_noisy_random_model")}]))
+        out.append(
+            Section(
+                "Bridge-entity probe",
+                f"Best cell {pr['best_layer']} / position {pr['best_position']}; "
+                f"{pr['n_classes_train']} classes; majority rate {pr['majority']:.3f}.",
+                table=[
+                    {
+                        k: pr.get(k)
+                        for k in (
+                            "acc_select",
+                            "acc_noisy",
+                            "acc_heldout",
+                            "acc_shuffled",
+                            "acc_noisy_random_model",
+                        )
+                    }
+                ],
+            )
+        )
     il = _read(an / "inlp.json")
     if il:
-        out.append(Section("INLP: removing the bridge subspace", f"rank {il['rank']} at {il['layer']} / position "
-                           f"{il['position']}", table=[{"condition": c, **il[c]} for c in ("before", "inlp", "random")]))
+        out.append(
+            Section(
+                "INLP: removing the bridge subspace",
+                f"rank {il['rank']} at {il['layer']} / position {il['position']}",
+                table=[{"condition": c, **il[c]} for c in ("before", "inlp", "random")],
+            )
+        )
     return out

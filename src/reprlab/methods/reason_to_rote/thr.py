@@ -36,11 +36,15 @@ class THRConfig:
     n_orgs: int = field(default=30, metadata={"help": "organisations"})
     n_relations: int = field(default=3, metadata={"help": "relations incl. ceo (2..5)"})
     test_fraction: float = field(default=0.2, metadata={"help": "share of two-hop questions held out"})
-    noise_rate: float = field(default=0.05, metadata={"help": "share of training questions with a wrong answer"})
+    noise_rate: float = field(
+        default=0.05, metadata={"help": "share of training questions with a wrong answer"}
+    )
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_relations <= 1 + len(PERSON_RELATIONS):
-            raise ValueError(f"n_relations must be in [2, {1 + len(PERSON_RELATIONS)}], got {self.n_relations}")
+            raise ValueError(
+                f"n_relations must be in [2, {1 + len(PERSON_RELATIONS)}], got {self.n_relations}"
+            )
         if self.n_people < 4 or self.n_orgs < 1:
             raise ValueError("THR needs at least 4 people and 1 organisation")
         if not 0.0 < self.test_fraction < 1.0 or not 0.0 <= self.noise_rate < 1.0:
@@ -50,7 +54,9 @@ class THRConfig:
 def _names(n: int, rng: np.random.Generator, taken: set[str], suffix: str = "") -> list[str]:
     out: list[str] = []
     while len(out) < n:
-        name = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(2)) + rng.choice(_CODAS) + suffix
+        name = (
+            "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(2)) + rng.choice(_CODAS) + suffix
+        )
         if name not in taken:
             taken.add(name)
             out.append(name)

@@ -32,7 +32,9 @@ class TrainConfig:
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     beta1: float = 0.9
     beta2: float = 0.99
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (suppresses memorisation)"})
+    weight_decay: float = field(
+        default=0.0, metadata={"help": "AdamW weight decay (suppresses memorisation)"}
+    )
     warmup_steps: int = 100
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr of the cosine"})
     grad_clip: float = field(default=1.0, metadata={"help": "max global grad norm; 0 disables"})
@@ -76,7 +78,7 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
     epoch, k = divmod(step, steps_per_epoch)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n, generator=gen)
-    return perm[k * batch_size:(k + 1) * batch_size]
+    return perm[k * batch_size : (k + 1) * batch_size]
 
 
 def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run, seed: int,
@@ -107,8 +109,12 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
     restored = run.load_checkpoint({"model": model}, {"opt": opt}, tag="train") if run.resume else None
     if restored is not None:
         start, stopped = restored[0], bool(restored[1].get("stopped", False))
-        run.logger.info("resuming training at step %d%s", start, " (already stopped early)" if stopped else "")
-    noisy = eval_noisy if eval_noisy is not None else train_set.select(torch.nonzero(train_set.noisy).flatten())
+        run.logger.info(
+            "resuming training at step %d%s", start, " (already stopped early)" if stopped else ""
+        )
+    noisy = (
+        eval_noisy if eval_noisy is not None else train_set.select(torch.nonzero(train_set.noisy).flatten())
+    )
     clean_idx = torch.nonzero(~train_set.noisy).flatten()
     clean = train_set.select(clean_idx[torch.randperm(len(clean_idx), generator=torch.Generator().manual_seed(seed))
                                        [:eval_subset]])  # fmt: skip
@@ -121,7 +127,9 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
         lr = cfg.lr * warmup_cosine_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = answer_loss(model, data.select(_batch_indices(len(data), cfg.batch_size, step, seed).to(device)))
+        loss = answer_loss(
+            model, data.select(_batch_indices(len(data), cfg.batch_size, step, seed).to(device))
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
@@ -129,7 +137,11 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
         opt.step()
         done = step + 1
         if done % cfg.eval_every == 0 or done == end:
-            m = evaluate(model, test, clean, noisy, device) if len(noisy) else evaluate(model, test, clean, clean, device)
+            m = (
+                evaluate(model, test, clean, noisy, device)
+                if len(noisy)
+                else evaluate(model, test, clean, clean, device)
+            )
             last = {"loss": round(loss.item(), 5), "lr": lr, **asdict(m)}
             val_em = m.clean_test_em
             if val is not None:
