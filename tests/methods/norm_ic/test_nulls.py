@@ -121,3 +121,30 @@ def test_partial_spearman_given_count():
             assert row["null_count_partial_lo"] > 0.5
         else:  # random pieces: nothing about IC beyond the count
             assert row["null_count_partial_lo"] < 0 < row["null_count_partial_hi"]
+
+
+def test_normalised_rows_get_a_normalised_random_null():
+    """The random-piece null of a whitened row is whitened on the random fit set (recomputed by hand here)."""
+    from reprlab.methods.norm_ic.compose import compose, fit_context
+    from reprlab.methods.norm_ic.normalize import fit_normalizer
+
+    ev, ic, _ = _words(0, 300, planted=False)
+    fit, _, _ = _words(1, 600, planted=False)
+    p_fit = np.full(600, 1e-4)
+    acfg = AnalysisConfig(compositions=("sum",), n_boot=50, n_perm=200)
+    rows, _ = analyse_words("toy", ev, fit, ic, np.zeros(300, int), p_fit, ("sum",), ("raw", "whiten_uniform"), acfg,
+                            NO_PAIRS, seed=0)  # fmt: skip
+    by = {r["normalization"]: r for r in rows}
+    r_ev = random_piece_vectors(ev.ids, D, 0).float()
+    r_fit = random_piece_vectors(fit.ids, D, 0).float()
+    ctx = fit_context(r_fit, fit.mask, fit.p)
+    v_ev = compose("sum", r_ev, ev.mask).double()
+    v_fit = compose("sum", r_fit, fit.mask, mu=ctx.mu).double()
+    w = fit_normalizer("whiten_uniform", v_fit, torch.from_numpy(p_fit))
+    ref = sps.spearmanr(ic, (w(v_ev) ** 2).sum(-1).numpy()).statistic
+    assert by["whiten_uniform"]["null_random"] == pytest.approx(ref, abs=1e-12)
+    assert by["raw"]["null_random"] == pytest.approx(
+        sps.spearmanr(ic, (v_ev**2).sum(-1).numpy()).statistic, abs=1e-12
+    )
+    assert abs(by["whiten_uniform"]["null_random"] - by["raw"]["null_random"]) > 1e-3  # whitening did act
+    assert by["whiten_uniform"]["verdict"] in (-1, 0, 1)

@@ -81,6 +81,10 @@ def test_nulls_cer_cis_and_claims_in_the_summary(tiny_run):
         for tag in ("", "_natural"):
             assert s[f"{key}{tag}_lo"] <= s[f"{key}{tag}"] <= s[f"{key}{tag}_hi"], key + tag
     assert s["minilm_L6.docs_over_context"] == 0
+    assert (
+        s["glove.word@center_zipf.verdict"] in (-1, 0, 1)
+        and "minilm_L6.sum@whiten_zipf.null_random.spearman" in s
+    )
     claims = json.loads((tiny_run / "claims.json").read_text())["claims"]
     names = {c["claim"]: c for c in claims}
     assert {"paper_word_correspondence", "paper_cls_fixed_point", "paper_eos_fixed_point",

@@ -190,15 +190,17 @@ def count_spearman(ic: np.ndarray, count: np.ndarray) -> float:
     return float("nan") if np.ptp(count) == 0 else spearman(ic, rankdata(count))
 
 
-def random_null_norms(ev: ItemSet, fit: ItemSet, comps: tuple[str, ...], acfg,
-                      seed: int) -> dict[str, np.ndarray]:  # fmt: skip
-    """‖v‖² of every composition (but 'pooled') over random vectors per piece id (:mod:`nulls`), eval words."""
+def random_null_vectors(ev: ItemSet, fit: ItemSet, comps: tuple[str, ...], acfg,
+                        seed: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+    """Every composition (but 'pooled') over random vectors per piece id (:mod:`nulls`): ``(eval, fit)`` dicts
+    of ``(n, d_model)`` float64 tensors; the fit set lets a normalisation be fitted on the null like on the model."""
     if ev.ids is None or fit.ids is None:
-        return {}
+        return {}, {}
     d = ev.x.shape[-1]
     rx_ev = random_piece_vectors(ev.ids, d, seed, acfg.null_vectors).float()
     rx_fit = random_piece_vectors(fit.ids, d, seed, acfg.null_vectors).float()
     rctx = fit_context(rx_fit, fit.mask, fit.p, acfg.sif_a)
     r_comps = tuple(c for c in comps if c != "pooled")
-    out = compose_all(r_comps, rx_ev, ev.mask, rctx, p=ev.p)
-    return {c: (v.double() ** 2).sum(-1).numpy() for c, v in out.items()}
+    out_ev = compose_all(r_comps, rx_ev, ev.mask, rctx, p=ev.p)
+    out_fit = compose_all(r_comps, rx_fit, fit.mask, rctx, p=fit.p)
+    return {c: v.double() for c, v in out_ev.items()}, {c: v.double() for c, v in out_fit.items()}

@@ -41,7 +41,7 @@ from reprlab.methods.norm_ic.nulls import (
     count_spearman,
     null_test,
     piece_counts,
-    random_null_norms,
+    random_null_vectors,
     random_piece_vectors,
     shuffle_interval,
 )  # fmt: skip
@@ -210,19 +210,28 @@ def analyse_words(name: str, ev: ItemSet, fit: ItemSet, ic: np.ndarray, band: np
         return _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, seed, rename)
 
 
+NULL_NORM_COMPS = (
+    "word",
+    "sum",
+    "sif",
+    "pooled",
+)  # normalised rows that get nulls (the normalisation table's)
+
+
 def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, seed, rename):
     comps = tuple(c for c in comps if c != "pooled" or ev.pooled is not None)
     ctx = fit_context(fit.x, fit.mask, fit.p, acfg.sif_a)
     v_ev = compose_all(comps, ev.x, ev.mask, ctx, pooled=ev.pooled, p=ev.p)
     v_fit = compose_all(comps, fit.x, fit.mask, ctx, pooled=fit.pooled, p=fit.p)
-    null_sq = random_null_norms(ev, fit, comps, acfg, seed) if acfg.nulls else {}
+    r_ev, r_fit = random_null_vectors(ev, fit, comps, acfg, seed) if acfg.nulls else ({}, {})
     count = piece_counts(ev.mask)
     shuffle = shuffle_interval(len(ic), acfg.n_perm, acfg.ci, seed) if acfg.nulls else None
     rows, scatter = [], {}
     for c in comps:
         label = (rename or {}).get(c, c)
         for nk in norms:
-            normz = fit_normalizer(nk, v_fit[c].double(), torch.from_numpy(p_fit))
+            p_fit_t = torch.from_numpy(p_fit)
+            normz = fit_normalizer(nk, v_fit[c].double(), p_fit_t)
             ve = normz(v_ev[c].double())
             sq = (ve * ve).sum(-1).numpy()
             corr = correspondence(ic, sq, acfg.n_boot, acfg.ci, seed)
@@ -232,15 +241,16 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
                 row.update(c1_linearity(ic, sq, band))
                 row.update(c2_inner_product(both, pairs))
                 row["anisotropy"] = anisotropy(v_fit[c].double().numpy())
-                if shuffle is not None:
-                    # 'pooled' is the model's own CLS/EOS state: no random-piece analogue; count still applies
-                    row.update(
-                        null_test(
-                            ic, sq, null_sq.get(c), count, shuffle, acfg.n_boot, acfg.ci, seed
-                        ).to_dict()
-                    )
-                    row["piece_count_spearman"] = count_spearman(ic, count)
                 scatter[label] = sq.tolist()
+            if shuffle is not None and (nk == "raw" or label in NULL_NORM_COMPS):
+                # the random-piece null gets the same normalisation, fitted on its own fit set; 'pooled' (the
+                # model's CLS/EOS state) has no random-piece analogue, the count and shuffle nulls still apply
+                sq_r = None
+                if c in r_ev:
+                    rz = normz if nk == "raw" else fit_normalizer(nk, r_fit[c], p_fit_t)
+                    sq_r = (rz(r_ev[c]) ** 2).sum(-1).numpy()
+                row.update(null_test(ic, sq, sq_r, count, shuffle, acfg.n_boot, acfg.ci, seed).to_dict())
+                row["piece_count_spearman"] = count_spearman(ic, count)
             rows.append(row)
     return rows, scatter
 
@@ -364,6 +374,11 @@ def _run(cfg: Config, run) -> dict:
             sq = np.array(scat[best["composition"]])
             entry = {"source": src, "composition": best["composition"], "n": len(sq),
                      "wordfreq": spearman(ic_eval[idx], sq), "corpus": spearman(ic_corpus[idx], sq)}  # fmt: skip
+            if (
+                cfg.analysis.nulls
+            ):  # chance level of these ρ at this n (the other nulls: the word-level table)
+                lo, hi = shuffle_interval(len(sq), cfg.analysis.n_perm, cfg.analysis.ci, cfg.seed)
+                entry["shuffled-IC 95%"] = f"[{lo:.3f}, {hi:.3f}]"
             if lm is not None:
                 lm_idx = {int(i): k for k, i in enumerate(lm["word_idx"])}
                 common = [k for k, i in enumerate(idx) if int(i) in lm_idx]
@@ -598,6 +613,9 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
                 summary[f"{row['source']}.piece_count.spearman"] = row["piece_count_spearman"]
         elif row["composition"] in ("word", "sum", "pooled"):  # the rest lives in analysis/words.json
             summary[f"{key}@{row['normalization']}.spearman"] = row["spearman"]
+            if "verdict" in row:
+                summary[f"{key}@{row['normalization']}.verdict"] = row["verdict"]
+                summary[f"{key}@{row['normalization']}.null_random.spearman"] = row["null_random"]
     for name, r in results.items():
         for tag in ("raw", "centred"):
             if r.get("oyama") and tag in r["oyama"]:

@@ -142,13 +142,16 @@ def composition_ranking(rows: list[dict]) -> list[dict]:
 
 
 def normalization_table(rows: list[dict]) -> list[dict]:
-    """Spearman per normalisation for each source's compositions 'word', 'sum', 'sif' and 'pooled'."""
+    """Spearman per normalisation for each source's compositions 'word', 'sum', 'sif' and 'pooled', each with
+    its verdict against the nulls (the random-piece null normalised the same way): (+)/(−) survives, (no) not."""
     keep = {"word", "sum", "sif", "pooled"}
+    mark = {1: " (+)", -1: " (−)", 0: " (no)"}
     table: dict[tuple, dict] = {}
     for r in rows:
         if r["composition"] in keep:
+            cell = f"{r['spearman']:.3f}" + (mark[r["verdict"]] if "verdict" in r else "")
             table.setdefault((r["source"], r["composition"]), {"source": r["source"], "composition": r["composition"]})[
-                r["normalization"]] = r["spearman"]  # fmt: skip
+                r["normalization"]] = cell  # fmt: skip
     return list(table.values())
 
 
@@ -347,12 +350,15 @@ def build_sections(run_dir: Path) -> list[Section]:
                 "CLS/EOS state, not a composition of the subwords.",
                 table=composition_ranking(rows)),
         Section("Normalisations (fitted on the disjoint fit vocabulary)",
-                "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted.",
+                "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted. In brackets the "
+                "verdict against the nulls, the random-piece null centred/whitened the same way on its own fit "
+                "set: (+)/(−) survives with that sign, (no) explained by a null (words.json names which).",
                 table=normalization_table(rows)),
         Section("Frequency bands", "Within-band Spearman ρ and mean ‖v‖² (ρ / mean) for each Zipf band, "
                 "most frequent first, for each source's best raw composition.", table=band_table(scatter, rows)),
         Section("IC sources", "Spearman of each source's best raw composition against wordfreq IC, "
-                "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token.",
+                "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token; the "
+                "shuffled-IC interval is chance level at this n.",
                 table=words.get("ic_sources")),
     ]  # fmt: skip
     if length:
