@@ -315,3 +315,18 @@ def test_rr_as_published_reroutes_and_retains_over_request_and_response(tiny, da
     assert old.loss(0)[1]["reroute"] != pytest.approx(
         info["reroute"], rel=1e-3
     )  # the option changes the term
+
+
+def test_rr_trains_its_own_step_count_with_cbs_schedule(tiny, data):
+    """rr.steps = N (CB: 150) overrides optim.steps for RR only; the schedule is alpha t/(2N) over those N steps."""
+    import dataclasses
+
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    cfg = _cfg(steps=5)
+    cfg = dataclasses.replace(cfg, rr=dataclasses.replace(cfg.rr, steps=2))
+    tr = Trainer("rr", peft, cfg, harm, ben, tok.pad_token_id)
+    assert tr.fit()["steps"] == 2
+    assert tr.loss(1)[1]["c_retain"] == pytest.approx(10.0 * 1 / (2 * 2))  # alpha 10, t = 1, N = 2
+    assert Trainer("crl", peft, cfg, harm, ben, tok.pad_token_id).steps == 5  # CRL keeps optim.steps

@@ -116,6 +116,12 @@ class RrCfg:
             "harmless pairs only, as before issue 13)"
         ),
     )
+    steps: int = field(
+        default=0,
+        metadata=_h(
+            "RR's own number of steps; 0 = defense.optim.steps (CB Llama-3: 150, with N = its steps)"
+        ),
+    )
     schedule_steps: int = field(
         default=0,
         metadata=_h(

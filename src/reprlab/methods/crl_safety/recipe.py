@@ -325,7 +325,7 @@ def run(cfg: Config, run) -> dict:
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
                 model0 = peft.unload()
-            offset += cfg.defense.optim.steps
+            offset += max(cfg.defense.optim.steps, cfg.defense.rr.steps)  # step numbers never shared
     for m in cfg.models:
         if m not in results:
             results[m] = run.load_json(f"stages/eval_{m}.json")["result"]

@@ -102,6 +102,8 @@ class Trainer:
             )
         self.kind, self.model, self.cfg, self.run = kind, model, cfg, run
         self.harmful, self.benign, self.pad_id, self.offset = harmful, benign, pad_id, step_offset
+        # RR may train its own number of steps (CB: 150); the others train optim.steps
+        self.steps = (cfg.rr.steps or cfg.optim.steps) if kind == "rr" else cfg.optim.steps
         self.n_layers = num_layers(model)
         self.layers = target_layers(kind, cfg, self.n_layers)
         self.device = next(model.parameters()).device
@@ -227,7 +229,7 @@ class Trainer:
 
     def _loss_rr(self, step: int, bh: Batch, bb: Batch, ih: list[int], ib: list[int]):
         c = self.cfg.rr
-        c_retain, c_reroute = L.rr_coefficients(step, c.schedule_steps or self.cfg.optim.steps, c.alpha)
+        c_retain, c_reroute = L.rr_coefficients(step, c.schedule_steps or self.steps, c.alpha)
         oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
         lh = self.layers["harmful"]
         h_harm = L.select_tokens(oh.hidden_states, lh, self._token_mask(bh, "harmful"))
@@ -324,7 +326,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:
-        """Train ``cfg.optim.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
+        """Train ``self.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
         o = self.cfg.optim
         start = 0
         if self.run is not None and self.run.checkpoints(self.kind):
@@ -343,23 +345,23 @@ class Trainer:
                 self._gen.set_state(torch.tensor(st["gen"], dtype=torch.uint8))
         self.model.train()
         t0, hist = time.time(), []
-        for step in range(start, o.steps):
+        for step in range(start, self.steps):
             t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
             loss, info = self.loss(step)
             loss.backward()
             self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
-            if self.run is not None and (step % o.log_every == 0 or step == o.steps - 1):
+            if self.run is not None and (step % o.log_every == 0 or step == self.steps - 1):
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
-            if self.run is not None and (done % o.checkpoint_every == 0 or done == o.steps):
+            if self.run is not None and (done % o.checkpoint_every == 0 or done == self.steps):
                 modules, optims, extra = self._ckpt_parts()
                 self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
         self.model.eval()
         tail = hist[-5:]
         out = {k: sum(h[k] for h in tail) / len(tail) for k in (tail[0] if tail else {})}
-        out.update(steps=o.steps, resumed_from=start, seconds=time.time() - t0)
+        out.update(steps=self.steps, resumed_from=start, seconds=time.time() - t0)
         return out
 
 
