@@ -186,6 +186,12 @@ def _parse_scalar(raw: str) -> Any:
         return raw
     if isinstance(value, dict):
         return raw
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        # YAML 1.1 reads "2:3" as the base-60 number 123 and "0x10" as 16: only plain numbers are numbers
+        try:
+            float(raw.strip())
+        except ValueError:
+            return raw
     return value
 
 

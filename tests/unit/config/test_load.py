@@ -23,8 +23,11 @@ class Root:
 
 
 def test_yaml_then_overrides_compose_with_types():
-    cfg = load_config(Root, {"train": {"lr": 2, "steps": 3}}, ["train.steps=5", "train.layers=[3,4]", "name=x",
-                                                               "use_amp=true", "train.lr=3e-4"])
+    cfg = load_config(
+        Root,
+        {"train": {"lr": 2, "steps": 3}},
+        ["train.steps=5", "train.layers=[3,4]", "name=x", "use_amp=true", "train.lr=3e-4"],
+    )
     assert cfg == Root(seed=0, name="x", use_amp=True, train=Optim(lr=3e-4, steps=5, layers=(3, 4)))
     assert isinstance(cfg.train.lr, float) and isinstance(cfg.train.layers, tuple)
 
@@ -65,3 +68,10 @@ def test_optional_none_and_roundtrip():
     cfg = load_config(Root, {"name": "a"}, ["name=none"])
     assert cfg.name is None
     assert load_config(Root, config_to_dict(cfg)) == cfg
+
+
+def test_override_that_yaml_11_would_read_as_base_60_stays_a_string():
+    from reprlab.config.load import parse_overrides
+
+    assert parse_overrides(["a=2:3", "b=0x10", "c=1e-3", "d=7", "e=[1, 2]"]) == {
+        "a": "2:3", "b": "0x10", "c": 1e-3, "d": 7, "e": [1, 2]}  # fmt: skip
