@@ -73,5 +73,6 @@ def test_optional_none_and_roundtrip():
 def test_override_that_yaml_11_would_read_as_base_60_stays_a_string():
     from reprlab.config.load import parse_overrides
 
+    # "1e-3" stays a string too (YAML 1.1 wants a dot); the typed field turns it into a float later
     assert parse_overrides(["a=2:3", "b=0x10", "c=1e-3", "d=7", "e=[1, 2]"]) == {
-        "a": "2:3", "b": "0x10", "c": 1e-3, "d": 7, "e": [1, 2]}  # fmt: skip
+        "a": "2:3", "b": "0x10", "c": "1e-3", "d": 7, "e": [1, 2]}  # fmt: skip
