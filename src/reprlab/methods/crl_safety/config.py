@@ -47,7 +47,7 @@ class SftCfg:
     lora: LoraCfg = field(default_factory=LoraCfg)
     benign_ce_weight: float = field(default=0.5, metadata=_h("CE on the base model's own benign replies"))
     kl_weight: float = field(default=1.0, metadata=_h("KL(base || model) on benign reply tokens"))
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata=_h("softmax temperature of that KL [ours: 1, plain KL]"))
 
 
 @dataclass(frozen=True)
