@@ -33,6 +33,10 @@ class DataError(ReprlabError, ValueError):
     """A missing, unreadable, empty or malformed input file or dataset; the message names the file."""
 
 
+class DataFileMissingError(DataError, FileNotFoundError):
+    """An input file or folder that does not exist; the message names it."""
+
+
 class DeviceError(ReprlabError, ValueError):
     """A device that does not exist on this machine."""
 

@@ -180,6 +180,8 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
 
 def _parse_scalar(raw: str) -> Any:
     # YAML gives the user's intent for lists and numbers ("[1,2]", "1e-3"); strings stay strings otherwise.
+    if not raw.strip():
+        return ""  # `key=` means the empty string (YAML would say None); `key=null` is None
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:

@@ -159,14 +159,16 @@ def test_missing_or_misnamed_columns_name_the_file_and_the_expected_columns(tmp_
 def test_audit_options_are_validated_with_a_clear_error(tmp_path):
     from typer.testing import CliRunner
 
+    from reprlab.cli import app  # through `reprlab otcclip audit`: an input error is one line and exit 2
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip.audit import validate_options
-    from reprlab.methods.otcclip.cli import app
 
     _two_images(tmp_path)
     (tmp_path / "p.csv").write_text("image,caption\na.png,a dog\n")
-    res = CliRunner().invoke(app, ["audit", str(tmp_path / "p.csv"), "--top-k", "0", "--hf-model", "x"])
-    assert isinstance(res.exception, ConfigError) and "--top-k must be >= 1" in str(res.exception)
+    res = CliRunner().invoke(
+        app, ["otcclip", "audit", str(tmp_path / "p.csv"), "--top-k", "0", "--hf-model", "x"]
+    )
+    assert res.exit_code == 2 and "--top-k must be >= 1" in res.output and "Traceback" not in res.output
     for kw, opt in (
         (dict(alpha=1.5), "--alpha"),
         (dict(top=-1), "--top"),

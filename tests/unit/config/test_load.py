@@ -76,3 +76,9 @@ def test_override_that_yaml_11_would_read_as_base_60_stays_a_string():
     # "1e-3" stays a string too (YAML 1.1 wants a dot); the typed field turns it into a float later
     assert parse_overrides(["a=2:3", "b=0x10", "c=1e-3", "d=7", "e=[1, 2]"]) == {
         "a": "2:3", "b": "0x10", "c": "1e-3", "d": 7, "e": [1, 2]}  # fmt: skip
+
+
+def test_empty_override_is_the_empty_string_and_null_is_none():
+    from reprlab.config.load import parse_overrides
+
+    assert parse_overrides(["a=", "b=null", "c=''"]) == {"a": "", "b": None, "c": ""}
