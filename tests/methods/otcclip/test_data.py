@@ -95,7 +95,7 @@ def test_backdoor_trigger_and_captions(items):
     expect = (0.8 * 100 + 0.2 * noise).round()
     assert torch.equal(apply_trigger(x, "blended", seed=1).float(), expect.expand(2, -1, -1, -1))
     with pytest.raises(ValueError, match="trigger"):
-        apply_trigger(x, "wanet", seed=1)
+        apply_trigger(x, "bogus", seed=1)
     assert np.isclose(float(pairs.kind.ne(0).float().mean()), 0.2)
 
 

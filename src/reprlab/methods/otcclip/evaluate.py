@@ -106,10 +106,15 @@ def asr_backdoor(
     seed: int,
     class_emb: torch.Tensor,
     patch: int = 8,
+    **params,
 ) -> float:
-    """Share of triggered test images of true class != target that are classified as the target."""
+    """Share of triggered test images of true class != target that are classified as the target.
+
+    ``trigger``, ``seed``, ``patch`` and ``params`` (:class:`~reprlab.methods.otcclip.poison.TriggerParams`
+    fields) as in training, so the test trigger is the trained one.
+    """
     keep = test.labels != target_class
     if not keep.any():
         raise ValueError("backdoor ASR needs test images whose class is not the target")
-    triggered = apply_trigger(test.images[keep], trigger, seed, patch)
+    triggered = apply_trigger(test.images[keep], trigger, seed, patch, **params)
     return float((predict(model, triggered, class_emb) == target_class).float().mean())

@@ -36,7 +36,7 @@ from reprlab.methods.otcclip.mosaic import (
     make_mosaics,
     make_single_items,
 )
-from reprlab.methods.otcclip.poison import TargetSet, add_backdoor, add_targeted
+from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, DefenseConfig, TrainConfig, Trainer
@@ -69,7 +69,25 @@ class DataConfig:
     captions_per_target: int = field(default=25, metadata={"help": "poison captions per target N"})
     backdoor_pairs: int = field(default=60, metadata={"help": "backdoored training pairs M"})
     backdoor_target: str = field(default="bag", metadata={"help": "backdoor target class name"})
-    trigger: str = field(default="badnets", metadata={"help": "'badnets' (8x8 corner patch) or 'blended'"})
+    trigger: str = field(
+        default="badnets",
+        metadata={
+            "help": "backdoor trigger: 'badnets' (corner patch), 'badnets_random' (patch at a random "
+            "position per image), 'blended', 'sig' (sinusoid) or 'wanet' (smooth warp)",
+            "choices": list(TRIGGERS),
+        },
+    )
+    trigger_patch: int = field(default=8, metadata={"help": "BadNets patch side in px", "ge": 1, "le": 56})
+    sig_amplitude: float = field(
+        default=60.0, metadata={"help": "SIG amplitude in pixel units of 255 (CleanCLIP: 60/255)", "gt": 0}
+    )
+    sig_frequency: float = field(
+        default=6.0, metadata={"help": "SIG periods across the image width (Barni et al.: 6)", "gt": 0}
+    )
+    wanet_grid: int = field(default=4, metadata={"help": "WaNet control grid side k (WaNet: 4)", "ge": 2})
+    wanet_strength: float = field(
+        default=3.0, metadata={"help": "[ours] WaNet's largest displacement in px", "ge": 0}
+    )
     n_eval: int = field(
         default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"}
     )
@@ -100,6 +118,17 @@ class Testbed:
     eval_set: LabeledSet
     probe_train: LabeledSet
     backdoor_class: int
+
+
+def trigger_params(cfg: DataConfig) -> dict:
+    """The trigger's settings from the data config, as keyword arguments of ``apply_trigger``."""
+    return {
+        "patch": cfg.trigger_patch,
+        "sig_amplitude": cfg.sig_amplitude,
+        "sig_frequency": cfg.sig_frequency,
+        "wanet_grid": cfg.wanet_grid,
+        "wanet_strength": cfg.wanet_strength,
+    }
 
 
 def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
@@ -133,7 +162,9 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
         pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets, cfg.captions_per_target, seed + 1, cfg.tint
     )
     backdoor_class = names.index(cfg.backdoor_target)
-    pairs = add_backdoor(pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs)
+    pairs = add_backdoor(
+        pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs, **trigger_params(cfg)
+    )
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
     return Testbed(
@@ -152,7 +183,13 @@ def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: 
         "zeroshot_acc": ev.zero_shot_accuracy(model, bed.eval_set, class_emb),
         "asr_targeted": ev.asr_targeted(model, bed.targets, class_emb),
         "asr_backdoor": ev.asr_backdoor(
-            model, bed.eval_set, bed.backdoor_class, cfg.data.trigger, cfg.seed + 2, class_emb
+            model,
+            bed.eval_set,
+            bed.backdoor_class,
+            cfg.data.trigger,
+            cfg.seed + 2,
+            class_emb,
+            **trigger_params(cfg.data),
         ),
     }
     if probe:
