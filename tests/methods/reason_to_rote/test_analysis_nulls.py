@@ -204,3 +204,12 @@ def test_edge_circuits_use_the_same_nulls_and_an_untrained_model_shows_no_shared
     assert res["iou_excess"] == pytest.approx(res["iou"] - res["iou_null_unrelated"])
     assert res["iou_excess"] < 0.25
     assert 0 <= res["iou_null_unrelated"] <= 1
+
+
+def test_head_ablation_correlation_is_compared_with_unrelated_metrics():
+    clean, clean_b, te, te_b, noisy, noisy_b = _fda("reversed", n_train=1200, n_test=50)
+    model = _untrained(2)
+    res = A.run_head_ablation(model, clean_b, noisy_b, n_items=40, seed=0, n_null=3)
+    assert np.array(res["effect_memorization"]["effect"]).shape == (2, 4)
+    assert res["corr_excess"] == pytest.approx(res["corr"] - res["corr_null_unrelated"])
+    assert -1 <= res["corr"] <= 1 and -1 <= res["corr_null_unrelated"] <= 1

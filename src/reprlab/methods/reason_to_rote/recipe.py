@@ -55,6 +55,9 @@ class AnalysisConfig:
     neuron_layer: int = field(default=-1, metadata={"help": "MLP layer for the neuron analysis (-1 = last)"})
     neuron_random_draws: int = field(default=5, metadata={"help": "draws of each random-neuron control"})
     circuit_nulls: int = field(default=3, metadata={"help": "unrelated-metric circuits (the IoU null)"})
+    head_ablation: bool = field(
+        default=False, metadata={"help": "also mean-ablate each head (with the same null)"}
+    )
     edge_circuits: bool = field(
         default=False, metadata={"help": "also build edge circuits (EAP) with the same nulls"}
     )
@@ -198,14 +201,21 @@ def run(cfg: Config, run) -> dict:
         return {**summary, "memorization_scores": scores}
 
     circ = stage("circuits", circuits)
-    edge_keys = {}
+    extra_keys = {}
     if an.edge_circuits:
         ec = stage("edge_circuits", lambda: A.run_edge_circuits(model, clean_all, noisy, an.edge_top_frac,
                                                                 an.circuit_items, cfg.seed, an.circuit_nulls,
                                                                 an.edge_ig_steps))  # fmt: skip
-        edge_keys = {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
+        extra_keys = {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
                      "edge_circuit_faithfulness_mem": ec["faithfulness_memorization"],
                      "edge_circuit_faithfulness_gen": ec["faithfulness_generalization"]}  # fmt: skip
+    if an.head_ablation:
+        ha = stage("head_ablation", lambda: A.run_head_ablation(model, clean_all, noisy, an.circuit_items, cfg.seed,
+                                                                an.circuit_nulls))  # fmt: skip
+        extra_keys |= {
+            "head_ablation_corr": ha["corr"],
+            "head_ablation_corr_null_unrelated": ha["corr_null_unrelated"],
+        }
     layer = an.neuron_layer % mc.n_layers
     neurons = stage("neurons", lambda: A.run_neurons(model, circ["memorization_scores"], probe_set, probe_items,
                                                      test, test_items, noisy, noisy_items, cfg.task.digit_order,
@@ -233,7 +243,7 @@ def run(cfg: Config, run) -> dict:
         "neuron_true_before": neurons["true_before"],
         "neuron_restore_gain": neurons["restore_gain"], "neuron_restore_gain_net": neurons["restore_gain_net"],
         "neuron_z_noisy": neurons["z_noisy_abs"], "neuron_z_clean": neurons["z_clean_abs"],
-        "n_noisy": len(noisy_items), **edge_keys,
+        "n_noisy": len(noisy_items), **extra_keys,
     }  # fmt: skip
 
 
