@@ -59,6 +59,21 @@ class DefenseConfig:
             "the intra OT loss [ours: bounds its cost]"
         },
     )
+    fused_ot_losses: bool = field(
+        default=True,
+        metadata={
+            "help": "[ours, speed] solve the inter and intra OT loss problems in one padded solver call "
+            "(equal to separate calls up to float rounding); false = one call per term (the old path)"
+        },
+    )
+    reuse_own_text: bool = field(
+        default=True,
+        metadata={
+            "help": "[ours, speed] on non-matching epochs the intra text term reuses the own captions' "
+            "features of the CLIP term instead of encoding the same rows again (same values); false = the "
+            "old extra forward"
+        },
+    )
     ot: OTConfig = field(default_factory=OTConfig)
     safeclip_unimodal_epochs: int = field(
         default=2, metadata={"help": "SafeCLIP unimodal warm-up (paper: 5)"}

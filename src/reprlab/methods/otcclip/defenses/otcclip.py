@@ -10,11 +10,10 @@ D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kep
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.losses import clip_loss, ot_alignment
-from reprlab.methods.otcclip.matching import otc_rematch
+from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
+from reprlab.methods.otcclip.matching import PoolRows, otc_rematch
 from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
@@ -29,8 +28,12 @@ class OTCCLIP(Defense):
         return "otc_match" if self.is_match_epoch(epoch) else "otc"
 
     # ---------------------------------------------------------------- caption assignment
-    def pool(self, tr, b: Batch, txt: TextFeatures) -> dict[str, torch.Tensor]:
-        """Candidates = this global batch's captions (gathered, rows 0..batch-1) + the bank."""
+    def pool(self, tr, b: Batch, txt: TextFeatures) -> dict:
+        """Candidates = this global batch's captions (gathered, rows 0..batch-1) + the bank.
+
+        ``global_``, ``sig`` and ``poison`` are concatenated tensors; ``ids``, ``mask`` and ``tokens`` are
+        :class:`PoolRows` (indexing gives full-width rows, the batch part zero-padded as the bank stores it).
+        """
         batch = {
             "ids": all_gather_nograd(b.ids1),
             "mask": all_gather_nograd(b.mask1),
@@ -39,12 +42,11 @@ class OTCCLIP(Defense):
             "sig": tr.data.sig[b.idx].to(tr.device),
             "poison": tr.poison[b.idx].to(tr.device),
         }
-        pad = tr.max_len - b.ids1.shape[1]  # the batch was trimmed; the bank stores full-width rows
-        for k in ("ids", "mask", "tokens"):
-            widths = [0, 0] * (batch[k].dim() - 2) + [0, pad]
-            batch[k] = F.pad(batch[k], widths)
         bank = tr.bank.entries()
-        return {k: torch.cat([batch[k], bank[k]]) for k in batch}
+        lazy = ("ids", "mask", "tokens")
+        return {
+            k: PoolRows(batch[k], bank[k]) if k in lazy else torch.cat([batch[k], bank[k]]) for k in batch
+        }
 
     def assign(self, tr, b: Batch, img: ImageFeatures) -> tuple[Assignment, TextFeatures]:
         """Re-match this rank's images over the pool; returns the assignment and the text features to train on."""
@@ -78,26 +80,47 @@ class OTCCLIP(Defense):
         return Assignment(i, ids_a, pool["sig"][i], pool["poison"][i], err, conv), txt
 
     # ---------------------------------------------------------------- losses
-    def losses(self, tr, b: Batch, img: ImageFeatures, txt: TextFeatures) -> dict[str, torch.Tensor]:
-        """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view)."""
+    def losses(
+        self, tr, b: Batch, img: ImageFeatures, txt: TextFeatures, own_txt: TextFeatures | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view).
+
+        ``own_txt``: the own captions' first-view features with gradient, when already computed (non-matching
+        epochs: they are ``txt``); the intra text term then reuses its rows instead of encoding them again.
+        """
         c, model = self.cfg, tr.model
         terms = {
             "clip": clip_loss(
                 all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_), model.scale()
             )
         }
+        groups: list[tuple[str, tuple]] = []
         if c.lambda_inter > 0:
-            terms["ot_inter"] = ot_alignment(img.patches, txt.tokens, img.mask, txt.mask, c.ot)
+            if c.fused_ot_losses:
+                groups.append(("ot_inter", (img.patches, txt.tokens, img.mask, txt.mask)))
+            else:  # solved here, before the intra encodes: the old graph order, bitwise-identical weights
+                terms["ot_inter"] = ot_alignment(img.patches, txt.tokens, img.mask, txt.mask, c.ot)
         if c.lambda_intra > 0 and c.intra_subset > 0:
             sub = tr.intra_rows(len(b.idx))
             img2 = model.encode_image(b.view2[sub])
-            txt_own, txt2 = (
-                model.encode_text(b.ids1[sub], b.mask1[sub]),
-                model.encode_text(b.ids2[sub], b.mask2[sub]),
-            )
-            terms["ot_intra"] = ot_alignment(img.patches[sub], img2.patches, None, None, c.ot) + ot_alignment(
-                txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask, c.ot
-            )
+            if own_txt is not None:  # same rows, same widths: the encoder is deterministic (no dropout)
+                txt_own = TextFeatures(own_txt.global_[sub], own_txt.tokens[sub], own_txt.mask[sub])
+            else:
+                txt_own = model.encode_text(b.ids1[sub], b.mask1[sub])
+            txt2 = model.encode_text(b.ids2[sub], b.mask2[sub])
+            groups.append(("ot_intra_image", (img.patches[sub], img2.patches, None, None)))
+            groups.append(("ot_intra_text", (txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask)))
+        if not groups:
+            return terms
+        if c.fused_ot_losses:
+            values = ot_alignments([g for _, g in groups], c.ot)
+        else:
+            values = [ot_alignment(*g, c.ot) for _, g in groups]
+        parts = dict(zip([name for name, _ in groups], values))
+        if "ot_inter" in parts:
+            terms["ot_inter"] = parts["ot_inter"]
+        if "ot_intra_image" in parts:
+            terms["ot_intra"] = parts["ot_intra_image"] + parts["ot_intra_text"]
         return terms
 
     def step(self, tr, b: Batch) -> StepOutput:
@@ -108,7 +131,8 @@ class OTCCLIP(Defense):
         else:
             txt = tr.model.encode_text(b.ids1, b.mask1)
             tr.enqueue(b.ids1, b.mask1, txt, b.loc)
-        terms = self.losses(tr, b, img, txt)
+        own = txt if assignment is None else None  # non-matching epochs train on the own captions
+        terms = self.losses(tr, b, img, txt, own if self.cfg.reuse_own_text else None)
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + self.cfg.lambda_inter * terms["ot_inter"]

@@ -1,0 +1,107 @@
+"""The OTCCLIP speed paths (item 8) compute what the plain paths compute: the lazy pool gathers the rows a
+concatenation would, trimming all-padding columns leaves re-matching unchanged, the fused OT loss solve
+equals separate solves, and reusing the own-caption features removes a forward without changing the step.
+With both options off the trainer reproduces the old path (same losses, weights, assignments)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reprlab.methods.otcclip.losses import OTConfig, ot_alignment, ot_alignments, ot_solve
+from reprlab.methods.otcclip.matching import PoolRows, otc_rematch
+
+from .test_trainer import DCFG, _trainer
+
+OT = OTConfig(n_iters=50, match_tol=None)  # fixed iterations: a problem's result is batch-independent
+
+
+def _sets(batch, n, m, seed, d=8):
+    g = torch.Generator().manual_seed(seed)
+    x = F.normalize(torch.randn(batch, n, d, generator=g), dim=-1)
+    y = F.normalize(torch.randn(batch, m, d, generator=g), dim=-1)
+    lengths = torch.randint(1, m + 1, (batch,), generator=g)
+    return x, y, torch.arange(m)[None] < lengths[:, None]
+
+
+def test_pool_rows_gather_what_padding_and_concatenation_give():
+    g = torch.Generator().manual_seed(0)
+    first, second = torch.randn(5, 3, 2, generator=g), torch.randn(7, 6, 2, generator=g)
+    full = torch.cat([F.pad(first, (0, 0, 0, 3)), second])  # the old pool: pad the batch, concatenate
+    rows = PoolRows(first, second)
+    index = torch.tensor([0, 11, 4, 5, 4, 2, 6])
+    assert len(rows) == 12 and torch.equal(rows[index], full[index])
+    mask = PoolRows(torch.ones(5, 3, dtype=torch.bool), torch.zeros(7, 6, dtype=torch.bool))
+    assert mask[index].sum(1).tolist() == [3, 0, 3, 0, 3, 3, 0]
+
+
+def test_rematching_ignores_columns_that_are_padding_everywhere():
+    """The same pool stored 4 or 20 columns wide: identical choice and distances (the extra columns are
+    padding in every candidate and are trimmed away; a distance solved on the wide pool is the oracle)."""
+    torch.manual_seed(0)
+    x, y, mask = _sets(6, 5, 4, seed=1)
+    u = F.normalize(torch.randn(3, 8), dim=-1)
+    glob = F.normalize(torch.randn(6, 8), dim=-1)
+    wide_y, wide_m = F.pad(y, (0, 0, 0, 16)), F.pad(mask, (0, 16))
+    patches = x[:3]
+    narrow = otc_rematch(u, patches, glob, y, mask, 3, 0.5, OT)
+    wide = otc_rematch(u, patches, glob, wide_y, wide_m, 3, 0.5, OT)
+    assert torch.equal(narrow.index, wide.index)
+    assert torch.allclose(narrow.ot, wide.ot, atol=1e-6)  # float rounding only
+    # the trimmed solve is the full-width solve: every shortlisted pair against ot_solve on 20 columns
+    top = (u @ glob.T).topk(3, dim=1).indices.reshape(-1)
+    assert int(mask[top].sum(1).max()) == 4  # a full-length caption is shortlisted: trimming must keep it
+    x_rep = patches.repeat_interleave(3, dim=0)
+    ref = ot_solve(x_rep, wide_y[top], None, wide_m[top], OT, matching=True).cost.view(3, 3)
+    assert torch.allclose(wide.ot, ref, atol=1e-6)
+
+
+def test_fused_ot_losses_equal_separate_solves_in_value_and_gradient():
+    groups = [_sets(7, 4, 5, seed=2), _sets(3, 4, 4, seed=3), _sets(3, 5, 5, seed=4)]
+    groups = [(x.clone().requires_grad_(), y.clone().requires_grad_(), None, m) for x, y, m in groups]
+    # group 1 has no masks on either side (as the intra image term)
+    groups[1] = (groups[1][0], groups[1][1], None, None)
+    fused = ot_alignments(groups, OT)
+    sum(fused).backward()
+    grads = [(x.grad.clone(), y.grad.clone()) for x, y, _, _ in groups]
+    for x, y, _, _ in groups:
+        x.grad = y.grad = None
+    separate = [ot_alignment(x, y, xm, ym, OT) for x, y, xm, ym in groups]
+    sum(separate).backward()
+    for f, s in zip(fused, separate):
+        assert f.item() == pytest.approx(s.item(), abs=1e-6)  # float rounding only
+    for (gx, gy), (x, y, _, _) in zip(grads, groups):
+        assert torch.allclose(gx, x.grad, atol=1e-6) and torch.allclose(gy, y.grad, atol=1e-6)
+    assert all(float(v) > 0.05 for v in fused)  # random sets: far from 0, so the comparison bites
+
+
+@pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
+def test_speed_options_leave_the_step_unchanged_and_save_a_text_forward(items, epoch):
+    """One otcclip epoch with the speed options on vs off: same losses, assignments, and weights (to float
+    rounding; plain SGD, since Adam's g / sqrt(v) turns rounding noise in ~0 gradients into full-size
+    steps); on non-matching epochs the text encoder runs once fewer per step."""
+    results = {}
+    for on in (True, False):
+        tr = _trainer(items, "otcclip", epochs=2, sgd=True)  # Adam would amplify rounding of ~0 grads
+        tr.dcfg = replace(DCFG, fused_ot_losses=on, reuse_own_text=on)
+        tr.impl.cfg = tr.dcfg
+        if epoch == 1:
+            tr.run_epoch(0)  # fill the bank
+        calls = []
+        encode = tr.model.encode_text
+        tr.model.encode_text = lambda ids, mask, c=calls, f=encode: c.append(len(ids)) or f(ids, mask)
+        stats = tr.run_epoch(epoch)
+        results[on] = (stats, [p.detach().clone() for p in tr.model.parameters()], calls)
+    (s_on, w_on, c_on), (s_off, w_off, c_off) = results[True], results[False]
+    for k in ("loss", "loss_clip", "loss_ot_inter", "loss_ot_intra"):
+        assert s_on[k] == pytest.approx(s_off[k], abs=1e-5), k  # rounding, amplified a little by 4 steps
+    if epoch == 1:
+        assert s_on["rematch_poison_moved"] == s_off["rematch_poison_moved"]
+        assert s_on["rematch_clean_kept"] == s_off["rematch_clean_kept"]
+    assert max(float((a - b).abs().max()) for a, b in zip(w_on, w_off)) < 1e-5  # rounding only
+    steps = 32 // 8
+    if epoch == 0:
+        assert len(c_off) - len(c_on) == steps  # one text forward fewer per step
+    else:
+        assert len(c_off) == len(c_on)  # matching epochs train on matched captions: nothing to reuse
