@@ -14,7 +14,6 @@ reference.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -290,7 +289,9 @@ def run(cfg: Config, run) -> dict:
         from reprlab.models.lora import add_lora
 
         lc = cfg.sft.lora
-        work = copy.deepcopy(ref)
+        # one copy of the base: stage 0's LoRA wraps ``ref`` itself and is merged into it; every frozen reference
+        # after this point is the same model with its adapter disabled (the base rows above are precomputed)
+        work = ref
         blocks = None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
