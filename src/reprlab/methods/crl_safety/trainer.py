@@ -5,6 +5,13 @@ per example when ``cache_frozen``), the optimiser, logging and checkpoints; they
 :meth:`Trainer.loss`. Batches are per class: ``harmful`` pairs (harmful prompt -> refusal for SFT, ->
 compliant reply for the defenses) and ``benign`` pairs (harmless prompt -> the base model's reply, plus
 harmful prompt -> refusal for CRL when configured).
+
+Under ``torchrun`` (a process group initialised, the model sharded with :func:`scale.shard_model`, PyTorch FSDP2)
+every rank samples the same global batch and runs the model on its contiguous share of rows. Terms that couple
+rows (the harmful centroid, means over all tokens of the batch) read states gathered across ranks with
+gradient (``reprlab.train.dist.all_gather_with_grad``); per-row sums (CE, KL) stay local and are summed across
+ranks. Either way a rank's loss has the global value and its gradient is ``world`` times its rows' share, so
+FSDP's gradient average gives the single-process gradient of the global batch (tested on 2 gloo ranks).
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from reprlab.methods.crl_safety import losses as L
 from reprlab.methods.crl_safety.chat import Batch, collate, forward, response_logits
@@ -24,6 +33,7 @@ from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
+from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, average_gradients, shard
 
 KINDS = ("sft", "rr", "crl", "crl_adv")
 Pair = tuple[list[int], list[int]]
@@ -107,6 +117,15 @@ class Trainer:
         self.n_layers = num_layers(model)
         self.layers = target_layers(kind, cfg, self.n_layers)
         self.device = next(model.parameters()).device
+        on = dist.is_available() and dist.is_initialized()
+        self.world, self.rank = (dist.get_world_size(), dist.get_rank()) if on else (1, 0)
+        if self.world > 1:
+            for name, pairs in (("harmful", harmful), ("benign", benign), ("retain", retain or [])):
+                n = min(cfg.optim.batch_size, len(pairs))
+                if pairs and n % self.world:
+                    raise ValueError(
+                        f"{kind}: {name} batch of {n} rows does not split over {self.world} ranks"
+                    )
         self.rng = random.Random(seed)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=0.0)
@@ -165,23 +184,68 @@ class Trainer:
                 return batch.attention_mask.bool()
         return batch.response_mask
 
+    # ------------------------------------------------------------------ ranks
+    def _local(self, batch: Batch) -> Batch:
+        """This rank's contiguous rows of a global batch (the batch itself on one process)."""
+        if self.world == 1:
+            return batch
+        sl = shard(batch.input_ids.shape[0], self.rank, self.world)
+        return Batch(batch.input_ids[sl], batch.attention_mask[sl], batch.response_mask[sl], batch.n_response)
+
+    def _fwd(self, batch: Batch, **kw):
+        """Forward of this rank's rows of the global ``batch``."""
+        b = self._local(batch)
+        return forward(self.model, b.attention_mask, input_ids=b.input_ids, **kw)
+
+    def _hidden(self, out, layers: list[int], grad: bool = True):
+        """Hidden states of the global batch: ``out.hidden_states`` on one process, else ``{layer: [batch, pos,
+        d_model]}`` gathered across ranks (differentiably when ``grad``)."""
+        if self.world == 1:
+            return out.hidden_states
+        x = torch.stack([out.hidden_states[i] for i in layers], 1)  # [rows, layers, pos, d_model]
+        x = all_gather_with_grad(x) if grad else all_gather_nograd(x)
+        return {i: x[:, k] for k, i in enumerate(layers)}
+
+    def _ranks_sum(self, part: Tensor) -> Tensor:
+        """A term that is a sum over rows, from this rank's share ``part``: its value is the global sum, its
+        gradient ``world`` times the share's, like the gathered terms (FSDP then averages over ranks)."""
+        if self.world == 1:
+            return part
+        total = part.detach().clone()
+        dist.all_reduce(total)
+        return self.world * part - (self.world - 1) * part.detach() + (total - part.detach())
+
+    def _global_count(self, n: Tensor | int) -> Tensor:
+        n = torch.as_tensor(n, dtype=torch.float32, device=self.device).clone()
+        if self.world > 1:
+            dist.all_reduce(n)
+        return n
+
     @torch.no_grad()
-    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool,
-                     which: str = "harmful") -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
-        """Frozen (adapters disabled) states/logits split per row of ``batch``."""
+    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool, which: str = "harmful",
+                     local: bool = True) -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
+        """Frozen (adapters disabled) states per row of ``batch`` and response logits per row this rank owns.
+
+        With ``local`` (and several ranks) each rank runs its rows and the states are gathered; without, every
+        rank runs the whole batch (the frozen cache, built identically everywhere).
+        """
+        run = self._local(batch) if local else batch
         with self.model.disable_adapter():
-            out = forward(self.model, batch.attention_mask, input_ids=batch.input_ids, hidden=bool(layers),
+            out = forward(self.model, run.attention_mask, input_ids=run.input_ids, hidden=bool(layers),
                           logits_last=batch.n_response + 1 if logits else 1)  # fmt: skip
         mask = self._token_mask(batch, which)
-        states = [torch.stack([out.hidden_states[i][r][mask[r]] for i in layers]) if layers else torch.empty(0)
+        hidden = self._hidden(out, layers, grad=False) if (local and layers) else out.hidden_states
+        states = [torch.stack([hidden[i][r][mask[r]] for i in layers]) if layers else torch.empty(0)
                   for r in range(mask.shape[0])]  # fmt: skip
         rows = None
         if logits:
-            lg, _, m = response_logits(out.logits, batch)
+            lg, _, m = response_logits(out.logits, run)
             rows = [lg[r][m[r]] for r in range(m.shape[0])]
         return states, rows
 
     def _frozen_rows(self, which: str, pairs: list[Pair], idx: list[int], batch: Batch, logits: bool):
+        """Frozen states of every row of the global batch ``[layers, n_tok, d_model]`` and response logits of
+        this rank's rows ``[n_resp_tok, d_vocab]``."""
         layers = self.layers.get(which, [])
         if not self.cfg.optim.cache_frozen:
             states, rows = self._frozen_pass(batch, layers, logits, which)
@@ -190,14 +254,15 @@ class Trainer:
             cache = FrozenRows([], [] if logits else None)
             for s in range(0, len(pairs), 8):
                 chunk = list(range(s, min(s + 8, len(pairs))))
-                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which)
+                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which, local=False)
                 cache.states += st
                 if logits:
                     cache.logits += rw
             self._frozen[which] = cache
         c = self._frozen[which]
         states = torch.cat([c.states[i] for i in idx], dim=1) if layers else None
-        return states, torch.cat([c.logits[i] for i in idx]) if logits else None
+        mine = idx[shard(len(idx), self.rank, self.world)] if self.world > 1 else idx
+        return states, torch.cat([c.logits[i] for i in mine]) if logits else None
 
     # ------------------------------------------------------------------ losses
     def loss(self, step: int) -> tuple[Tensor, dict[str, float]]:
@@ -212,31 +277,37 @@ class Trainer:
 
     def _loss_sft(self, bh: Batch, bb: Batch, ib: list[int]):
         c = self.cfg
-        oh = forward(
-            self.model, bh.attention_mask, input_ids=bh.input_ids, hidden=False, logits_last=bh.n_response + 1
-        )
-        lg, tg, m = response_logits(oh.logits, bh)
-        ce_h = F.cross_entropy(lg[m].float(), tg[m])
-        ob = forward(
-            self.model, bb.attention_mask, input_ids=bb.input_ids, hidden=False, logits_last=bb.n_response + 1
-        )
-        lg, tg, m = response_logits(ob.logits, bb)
-        ce_b = F.cross_entropy(lg[m].float(), tg[m])
+        oh = self._fwd(bh, hidden=False, logits_last=bh.n_response + 1)
+        lg, tg, m = response_logits(oh.logits, self._local(bh))
+        ce_h = self._token_mean(lambda red: F.cross_entropy(lg[m].float(), tg[m], reduction=red), m)
+        ob = self._fwd(bb, hidden=False, logits_last=bb.n_response + 1)
+        lg, tg, m = response_logits(ob.logits, self._local(bb))
+        ce_b = self._token_mean(lambda red: F.cross_entropy(lg[m].float(), tg[m], reduction=red), m)
         _, frozen = self._frozen_rows("benign", self.benign, ib, bb, logits=True)
-        kl = L.kl_retain(frozen, lg[m], c.temperature)
+        kl = self._token_mean(
+            lambda red: L.kl_retain(frozen, lg[m], c.temperature) * (1 if red == "mean" else m.sum()), m
+        )
         loss = ce_h + c.benign_ce_weight * ce_b + c.kl_weight * kl
         return loss, {"ce_refusal": ce_h.item(), "ce_benign": ce_b.item(), "kl": kl.item()}
+
+    def _token_mean(self, term, mask: Tensor) -> Tensor:
+        """Mean over the masked tokens of the global batch of ``term(reduction)`` (``'mean'`` or ``'sum'`` over
+        this rank's tokens): exactly today's mean on one process, local sum / global count across ranks."""
+        if self.world == 1:
+            return term("mean")
+        return self._ranks_sum(term("sum") / self._global_count(mask.sum()))
 
     def _loss_rr(self, step: int, bh: Batch, bb: Batch, ih: list[int], ib: list[int]):
         c = self.cfg.rr
         c_retain, c_reroute = L.rr_coefficients(step, c.schedule_steps or self.steps, c.alpha)
-        oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
+        oh = self._fwd(bh, logits_last=1)
         lh = self.layers["harmful"]
-        h_harm = L.select_tokens(oh.hidden_states, lh, self._token_mask(bh, "harmful"))
+        h_harm = L.select_tokens(self._hidden(oh, lh), lh, self._token_mask(bh, "harmful"))
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
         reroute = L.rr_reroute_loss(self._c(h_harm, lh), self._c(f_harm, lh))
-        ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, logits_last=1)
-        h_ben = L.select_tokens(ob.hidden_states, self.layers["benign"], self._token_mask(bb, "benign"))
+        ob = self._fwd(bb, logits_last=1)
+        lb = self.layers["benign"]
+        h_ben = L.select_tokens(self._hidden(ob, lb), lb, self._token_mask(bb, "benign"))
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
         retain = L.rr_retain_loss(h_ben, f_ben)
         loss = c_retain * retain + c_reroute * reroute
@@ -268,25 +339,31 @@ class Trainer:
         mh, mb = self._token_mask(bh), self._token_mask(bb)
         if adv:
             with self.attacker.module.attach(self.model):
-                oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
+                oh = self._fwd(bh, logits_last=1)
         else:
-            oh = forward(self.model, bh.attention_mask, input_ids=bh.input_ids, logits_last=1)
-        h_harm = self._c(L.select_tokens(oh.hidden_states, union, mh), union)  # [union, n_tok, d_model]
+            oh = self._fwd(bh, logits_last=1)
+        h_harm = self._c(
+            L.select_tokens(self._hidden(oh, union), union, mh), union
+        )  # [union, n_tok, d_model]
         mu = L.harmful_centroid(h_harm, c.detach_centroid)  # [union, 1, d_model]
         pick = lambda layers: [union.index(i) for i in layers]  # noqa: E731
-        ob = forward(self.model, bb.attention_mask, input_ids=bb.input_ids, logits_last=bb.n_response + 1)
-        h_ben = self._c(L.select_tokens(ob.hidden_states, lb, mb), lb)
+        benign_kl = c.kl_data != "retain"  # the benign batch's logits are needed only for its own KL
+        ob = self._fwd(bb, logits_last=bb.n_response + 1 if benign_kl else 1)
+        h_ben = self._c(L.select_tokens(self._hidden(ob, lb), lb, mb), lb)
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
-        f_ben, f_logits = self._frozen_rows("benign", self.benign, ib, bb, logits=True)
+        f_ben, f_logits = self._frozen_rows("benign", self.benign, ib, bb, logits=benign_kl)
         f_harm, f_ben = self._c(f_harm, lh), self._c(f_ben, lb)
         l_b = L.crl_benign_loss(h_ben, f_ben, mu[pick(lb)], c.d_pos, c.d_neg, c.margin_benign)
         l_h = L.crl_harmful_loss(h_harm[pick(lh)], f_harm, mu[pick(lh)], c.d_harm, c.margin_harmful)
         if c.kl_data == "retain":
             kl = self._kl_retain_set()
         else:
-            lg, _, m = response_logits(ob.logits, bb)
+            lg, _, m = response_logits(ob.logits, self._local(bb))
             kl = L.kl_retain(f_logits, lg[m], c.temperature)
-            if c.kl_reduction == "batchmean":  # token mean -> sum per sequence, mean over sequences
+            if self.world > 1:  # this rank's token sum over the global token count (or row count)
+                n = bb.input_ids.shape[0] if c.kl_reduction == "batchmean" else self._global_count(m.sum())
+                kl = self._ranks_sum(kl * m.sum() / n)
+            elif c.kl_reduction == "batchmean":  # token mean -> sum per sequence, mean over sequences
                 kl = kl * m.sum() / m.shape[0]
         loss = c.alpha * l_b + c.beta * l_h + c.kl_weight * kl
         info = {"l_benign": l_b.item(), "l_harmful": l_h.item(), "kl": kl.item(), "adv": int(adv)}
@@ -299,16 +376,15 @@ class Trainer:
         c = self.cfg.crl
         br = self._batch(self.retain, self._sample(self.retain, self.retain_rng))
         with torch.no_grad(), self.model.disable_adapter():
-            frozen = forward(
-                self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None
-            ).logits
-        trained = forward(
-            self.model, br.attention_mask, input_ids=br.input_ids, hidden=False, logits_last=None
-        ).logits
-        mask = br.attention_mask.bool()
+            frozen = self._fwd(br, hidden=False, logits_last=None).logits
+        trained = self._fwd(br, hidden=False, logits_last=None).logits
+        mask = self._local(br).attention_mask.bool()
         if c.kl_reduction == "batchmean":
-            return L.kl_retain_batchmean(frozen, trained, mask, c.temperature)
-        return L.kl_retain(frozen[mask], trained[mask], c.temperature)
+            kl = L.kl_retain_batchmean(frozen, trained, mask, c.temperature)
+            # this rank's rows: its per-row sums over the global row count
+            return self._ranks_sum(kl * mask.shape[0] / br.input_ids.shape[0]) if self.world > 1 else kl
+        kl = L.kl_retain(frozen[mask], trained[mask], c.temperature)
+        return self._ranks_sum(kl * mask.sum() / self._global_count(mask.sum())) if self.world > 1 else kl
 
     def _ckpt_parts(self) -> tuple[dict, dict, dict]:
         """Modules, optimizers and JSON extras of a checkpoint; CRL+mining adds the live latent attack."""
@@ -325,6 +401,19 @@ class Trainer:
         return modules, optims, extra
 
     # ------------------------------------------------------------------ loop
+    def checkpointing(self, on: bool) -> None:
+        """HF gradient checkpointing of every decoder block, non-reentrant: it needs no input that requires grad
+        (the embeddings are frozen) and restores the RNG state on recomputation, so LoRA dropout masks repeat."""
+        kw = {"use_reentrant": False}
+        if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+            self.model.activation_checkpointing_enable(
+                kw
+            ) if on else self.model.activation_checkpointing_disable()
+        elif on:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        else:
+            self.model.gradient_checkpointing_disable()
+
     def fit(self) -> dict[str, float]:
         """Train ``self.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
         o = self.cfg.optim
@@ -343,6 +432,10 @@ class Trainer:
                 self.adv_rng.setstate(_tuple_state(extra["adv_rng"]))
                 a.module.block, a.losses, a.n_refresh = st["block"], list(st["losses"]), st["n_refresh"]
                 self._gen.set_state(torch.tensor(st["gen"], dtype=torch.uint8))
+        ckpt = self.cfg.optim.gradient_checkpointing
+        if ckpt:
+            self.checkpointing(True)
+        sharded = isinstance(self.model, FSDPModule)  # FSDP2 reduces gradients itself
         self.model.train()
         t0, hist = time.time(), []
         for step in range(start, self.steps):
@@ -350,6 +443,8 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             loss, info = self.loss(step)
             loss.backward()
+            if self.world > 1 and not sharded:  # plain replicas: average like FSDP does
+                average_gradients(self.model)
             self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
             if self.run is not None and (step % o.log_every == 0 or step == self.steps - 1):
@@ -359,6 +454,8 @@ class Trainer:
                 modules, optims, extra = self._ckpt_parts()
                 self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
         self.model.eval()
+        if ckpt:
+            self.checkpointing(False)
         tail = hist[-5:]
         out = {k: sum(h[k] for h in tail) / len(tail) for k in (tail[0] if tail else {})}
         out.update(steps=self.steps, resumed_from=start, seconds=time.time() - t0)
