@@ -1,0 +1,101 @@
+"""Worker of ``test_scale.py``: train CRL (or RR) a few steps on a tiny random Llama, under ``torchrun`` with FSDP2
+over gloo ranks or as one plain process, and save the losses and the full adapter weights (rank 0)."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from reprlab.methods.crl_safety.chat import ChatFormat
+from reprlab.methods.crl_safety.config import CrlCfg, DefenseCfg, LoraCfg, OptimCfg, RrCfg, SftCfg
+from reprlab.methods.crl_safety.scale import shard_model
+from reprlab.methods.crl_safety.trainer import Trainer
+from reprlab.models.hf import tiny_llama
+from reprlab.models.lora import add_lora
+from reprlab.train.dist import init_distributed
+
+CASES = {
+    # name: (kind, overrides); "crl_code" = the GPU recipes' settings: L2 positive, raw states, the code's KL
+    # (batchmean on a retain set), no frozen cache; "crl_ours" = crl-tiny's: centred cosines, token-mean KL on the
+    # benign batch, frozen cache
+    "crl_code": (
+        "crl",
+        dict(
+            cache_frozen=False,
+            center_states=False,
+            crl=CrlCfg(
+                layers_benign="1:4",
+                layers_harmful="2:4",
+                d_pos="l2",
+                margin_benign=2.0,
+                margin_harmful=3.0,
+                kl_reduction="batchmean",
+                kl_data="retain",
+            ),
+        ),
+    ),  # fmt: skip
+    "crl_ours": (
+        "crl",
+        dict(cache_frozen=True, center_states=True, crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4")),
+    ),
+    "rr": ("rr", dict(cache_frozen=False, center_states=True, crl=CrlCfg())),
+    "sft": ("sft", dict(cache_frozen=True, center_states=False, crl=CrlCfg())),
+}
+
+
+def setup(case: str):
+    kind, o = CASES[case]
+    torch.set_num_threads(1)
+    model, tok = tiny_llama(seed=0, num_hidden_layers=4, initializer_range=0.3)
+    fmt = ChatFormat(tok, None, max_prompt_tokens=40)
+    # prompts and replies of different lengths, so rows pad differently and ranks hold different token counts
+    harm = [(fmt.prompt_ids(f"do bad thing {i}" + "!" * i), fmt.response_ids("x", "Sure, step " + "one " * (i % 3),
+             end_turn=False)) for i in range(8)]  # fmt: skip
+    ben = [(fmt.prompt_ids(f"nice question {i}" + "?" * (i % 4)), fmt.response_ids("x", "Here is " + "it " * i,
+            end_turn=False)) for i in range(8)]  # fmt: skip
+    optim = OptimCfg(steps=4, batch_size=4, lr=1e-2, checkpoint_every=100, cache_frozen=o["cache_frozen"])
+    lora = LoraCfg(r=4, alpha=8, dropout=0.0)  # dropout masks would be drawn per rank
+    if kind == "sft":
+        cfg = SftCfg(optim=optim, lora=lora)
+    else:
+        cfg = DefenseCfg(optim=optim, lora=lora, center_states=o["center_states"], crl=o["crl"],
+                         rr=RrCfg(layers="1,3", retain_layers="all"))  # fmt: skip
+    torch.manual_seed(0)
+    peft = add_lora(model, 4, 8, 0.0)
+    return kind, peft, cfg, harm, ben, tok
+
+
+def train(case: str, shard: bool) -> dict:
+    kind, peft, cfg, harm, ben, tok = setup(case)
+    if shard:
+        shard_model(peft)
+    tr = Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, seed=0, retain=ben)
+    losses = []
+    for step in range(cfg.optim.steps):
+        tr.opt.zero_grad(set_to_none=True)
+        loss, _ = tr.loss(step)
+        loss.backward()
+        tr.opt.step()
+        losses.append(loss.item())
+    state = {}
+    for name, p in peft.named_parameters():
+        if p.requires_grad:
+            t = (
+                p.full_tensor() if hasattr(p, "full_tensor") else p
+            )  # FSDP2: a DTensor shard -> the whole tensor
+            state[name] = t.detach().clone()
+    return {"losses": losses, "state": state}
+
+
+def main(out: str, *cases: str) -> None:
+    info = init_distributed(device="cpu")
+    res = {case: train(case, info.enabled) for case in cases}
+    if info.is_main:
+        torch.save({"world": info.world_size, **res}, out)
+    if info.enabled:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

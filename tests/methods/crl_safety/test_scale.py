@@ -1,0 +1,242 @@
+"""Scale (issue 13 item 4): one copy of the base, gradient checkpointing, bf16, FSDP2 under torchrun, memory."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reprlab.methods.crl_safety.chat import collate, forward
+from reprlab.methods.crl_safety.config import CrlCfg, DefenseCfg, LoraCfg, OptimCfg
+from reprlab.methods.crl_safety.trainer import Trainer
+from reprlab.models.hf import tiny_llama
+from reprlab.models.lora import add_lora
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import fsdp_worker  # noqa: E402
+
+
+def _pairs(fmt, texts, reply):
+    return [(fmt.prompt_ids(t), fmt.response_ids(t, reply, end_turn=False)) for t in texts]
+
+
+@pytest.fixture
+def data(fmt):
+    harm = _pairs(fmt, [f"do bad thing {i}" + "!" * i for i in range(6)], "Sure, step one")
+    ben = _pairs(fmt, [f"nice question {i}" for i in range(6)], "Here is an answer")
+    return harm, ben
+
+
+def _cfg(steps=3, dropout=0.05, **optim):
+    return DefenseCfg(optim=OptimCfg(steps=steps, batch_size=3, lr=1e-2, checkpoint_every=100, **optim),
+                      lora=LoraCfg(r=4, alpha=8, dropout=dropout),
+                      crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4", kl_reduction="batchmean", kl_data="retain"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- one copy of the base
+def test_frozen_states_with_the_adapter_disabled_equal_a_separately_loaded_base(tiny, data):
+    """The trainer's frozen reference (same model, adapter off) is the base, bit for bit, after training moved the
+    adapter; so the recipe needs no second copy of the weights."""
+    model, _ = tiny
+    harm, ben = data
+    torch.manual_seed(0)
+    peft = add_lora(model, 4, 8, 0.0)
+    # no frozen cache: the frozen pass runs now, on the trained model (a cache would hold step 0's states, when the
+    # adapter is still a no-op, B = 0)
+    tr = Trainer("crl", peft, _cfg(steps=3, cache_frozen=False), harm, ben, 0, seed=0, retain=ben)
+    tr.fit()
+    other, _ = tiny_llama(seed=0, num_hidden_layers=4, initializer_range=0.3)  # a second load, never trained
+    idx = list(range(len(harm)))
+    batch = collate(harm, 0)
+    frozen, _ = tr._frozen_rows("harmful", harm, idx, batch, logits=False)
+    with torch.no_grad():
+        out = forward(other, batch.attention_mask, input_ids=batch.input_ids)
+        ref = torch.stack([out.hidden_states[i][batch.response_mask] for i in tr.layers["harmful"]])
+        with peft.disable_adapter():
+            lg_off = forward(peft, batch.attention_mask, input_ids=batch.input_ids, logits_last=None).logits
+        lg_base = forward(other, batch.attention_mask, input_ids=batch.input_ids, logits_last=None).logits
+        trained = forward(peft, batch.attention_mask, input_ids=batch.input_ids)
+    assert torch.equal(frozen, ref)  # same weights, same kernels: bitwise
+    assert torch.equal(lg_off, lg_base)
+    moved = torch.stack([trained.hidden_states[i][batch.response_mask] for i in tr.layers["harmful"]])
+    assert (moved - ref).abs().max() > 1e-3  # not vacuous: with the adapter on, the states did move
+
+
+# ---------------------------------------------------------------------- gradient checkpointing
+def _loss_and_grads(tiny, data, ckpt: bool):
+    model, _ = tiny
+    harm, ben = data
+    torch.manual_seed(0)
+    peft = add_lora(model, 4, 8, 0.1)  # dropout on: recomputation must replay the same masks
+    tr = Trainer("crl", peft, _cfg(dropout=0.1, cache_frozen=False), harm, ben, 0, seed=0, retain=ben)
+    calls = []
+    # count SiLU calls inside the blocks: a checkpointed block runs its forward again in backward (module hooks do
+    # not fire on the replay, so the instance's forward is wrapped)
+    for b in peft.base_model.model.model.layers:
+        fw = b.mlp.act_fn.forward
+        b.mlp.act_fn.forward = lambda *a, fw=fw: (calls.append(1), fw(*a))[1]
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    tr.checkpointing(ckpt)
+    peft.train()
+    torch.manual_seed(1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = tr.loss(0)
+    n_fwd = len(calls)
+    loss.backward()
+    tr.checkpointing(False)
+    grads = {n: p.grad.clone() for n, p in peft.named_parameters() if p.requires_grad}
+    return loss.item(), grads, n_fwd, len(calls), sum(saved.values())
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny, data):
+    base_loss, base_g, fwd0, all0, bytes0 = _loss_and_grads(tiny, data, False)
+    fresh = tiny_llama(
+        seed=0, num_hidden_layers=4, initializer_range=0.3
+    )  # the first run wrapped `tiny` in LoRA
+    loss, g, fwd1, all1, bytes1 = _loss_and_grads(fresh, data, True)
+    assert all0 == fwd0 and fwd1 == fwd0  # same forward calls; without checkpointing, none in backward
+    # checkpointing replays every block of the 3 passes with gradient (harmful, benign, retain) in backward
+    assert all1 - fwd1 == 3 * 4
+    assert bytes1 < bytes0 / 2  # and autograd kept less than half the bytes (block internals are not saved)
+    assert loss == base_loss  # the forward is the same computation
+    assert base_g.keys() == g.keys()
+    for n in g:
+        # recomputation replays the same kernels on the same inputs (RNG state restored, so the same dropout
+        # masks): equal up to float32 summation order in the backward, ~1e-7 relative
+        assert torch.allclose(g[n], base_g[n], rtol=1e-5, atol=1e-7), n
+    assert max(v.abs().max().item() for v in g.values()) > 1e-3  # gradients are not all zero
+
+
+# ---------------------------------------------------------------------- bf16
+def test_bf16_base_trains_fp32_adapters_close_to_fp32(fmt, data):
+    harm, ben = data
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, _ = tiny_llama(seed=0, num_hidden_layers=4, initializer_range=0.3)
+        model = model.to(dtype)
+        torch.manual_seed(0)
+        peft = add_lora(model, 4, 8, 0.0)
+        tr = Trainer("crl", peft, _cfg(steps=2, dropout=0.0), harm, ben, 0, seed=0, retain=ben)
+        torch.manual_seed(0)
+        loss, info = tr.loss(0)
+        loss.backward()
+        assert all(p.dtype == torch.float32 for p in tr.params)  # peft keeps adapters (and Adam) in float32
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in tr.params)
+        out[dtype] = loss.item(), info
+    (l32, i32), (l16, i16) = out[torch.float32], out[torch.bfloat16]
+    assert l16 != l32  # bf16 really ran in bf16
+    # bf16 keeps 8 mantissa bits (rel. 4e-3 per rounding); over 4 blocks and the KL's log-softmax, the loss of this
+    # random model agrees to a few percent
+    assert l16 == pytest.approx(l32, rel=5e-2)
+    assert i16["l_harmful"] == pytest.approx(i32["l_harmful"], rel=5e-2)
+
+
+# ---------------------------------------------------------------------- FSDP under torchrun
+def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
+    """CRL (code settings and crl-tiny's), RR and stage-0 SFT, 4 AdamW steps each, on a tiny random Llama: torchrun
+    with 2 gloo ranks and FSDP2 (the batch split over ranks) against one plain process (~35 s here)."""
+    cases = list(fsdp_worker.CASES)
+    out = tmp_path / "two.pt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "fsdp_worker.py"), str(out), *cases]  # fmt: skip
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    two = torch.load(out)
+    assert two["world"] == 2
+    for case in cases:
+        one = fsdp_worker.train(case, shard=False)
+        # float32 sums in another order (per-rank partial sums, all-reduce/all-gather): measured <= 1e-6 relative
+        assert two[case]["losses"] == pytest.approx(one["losses"], rel=1e-5), case
+        moved = 0.0
+        for name, w in one["state"].items():
+            # 4 Adam steps at lr 1e-2 amplify last-bit gradient differences on near-zero components: measured
+            # <= 2e-5 absolute against moves of up to 3.6e-2
+            assert torch.allclose(two[case]["state"][name], w, atol=1e-4, rtol=0), (case, name)
+            moved = max(moved, float(w.abs().max()))
+        assert moved > 1e-2, case  # training moved the adapters (B starts at 0)
+
+
+# ---------------------------------------------------------------------- memory estimate
+def test_memory_estimate_counts_match_hf_and_peft():
+    """Parameter and LoRA counts of the estimate against a real Llama (meta device) and peft on it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reprlab.methods.crl_safety.scale import ARCHS, Arch
+
+    a = ARCHS["meta-llama/Meta-Llama-3-8B-Instruct"]
+    cfg = LlamaConfig(hidden_size=a.d_model, intermediate_size=a.d_ff, num_hidden_layers=a.n_layers,
+                      num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads, vocab_size=a.d_vocab,
+                      tie_word_embeddings=False)  # fmt: skip
+    with torch.device("meta"):
+        big = LlamaForCausalLM(cfg)
+    assert a.params == sum(p.numel() for p in big.parameters()) == 8_030_261_248  # the 8B model card's count
+    small = Arch(3, 64, 224, 4, 2, 300)
+    m = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=224, num_hidden_layers=3, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False))  # fmt: skip
+    assert small.params == sum(p.numel() for p in m.parameters())
+    peft = add_lora(m, 8, 8, 0.0, blocks=[0, 2])
+    assert 2 * small.lora_params_per_block(8) == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_bytes_per_token_match_autograds_saved_tensors(dropout):
+    """The per-token, per-block activation count against the bytes autograd actually saves for one Llama block with
+    LoRA (bf16 base, fp32 adapters), counted through ``saved_tensors_hooks`` (distinct storages)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reprlab.methods.crl_safety.scale import Arch
+
+    arch = Arch(1, 256, 896, 8, 2, 300)
+    m = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=896, num_hidden_layers=1,
+                                     num_attention_heads=8, num_key_value_heads=2, vocab_size=300,
+                                     attn_implementation="sdpa")).to(torch.bfloat16)  # fmt: skip
+    peft = add_lora(m, 4, 4, dropout)
+    peft.train()
+    n_tok = 64
+    x = torch.randn(1, n_tok, 256, dtype=torch.bfloat16)  # the block's input, kept by the caller anyway
+    block = peft.base_model.model.model.layers[0]
+    pos = torch.arange(n_tok)[None]
+    rope = peft.base_model.model.model.rotary_emb(x, pos)
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, position_embeddings=rope, position_ids=pos)
+    # weights (base and LoRA) and the block input are held anyway: count only what the forward allocated
+    for t in [x, *peft.parameters()]:
+        seen.pop(t.untyped_storage().data_ptr(), None)
+    measured = sum(v for v in seen.values()) / n_tok
+    est = arch.act_bytes_per_token_block(lora_dropout=dropout > 0, r=4)
+    # measured 17,684 / 24,340 bytes; the estimate counts every saved tensor, so within 1 % (a kernel or library
+    # change that saves another tensor fails here and the README figures need a new look)
+    assert est == pytest.approx(measured, rel=0.01), (est, measured)
+
+
+def test_memory_estimate_of_the_8b_recipe_is_dominated_by_activations_without_checkpointing():
+    """Totals of ``crl-llama3-8b`` add up from their parts; checkpointing cuts activations by ~n_layers."""
+    from reprlab.methods.crl_safety.scale import ARCHS, memory_estimate
+    from reprlab.recipes import get_recipe
+
+    cfg = get_recipe("crl-llama3-8b").build_config()
+    arch = ARCHS[cfg.model]
+    one, two = memory_estimate(cfg, arch, 1), memory_estimate(cfg, arch, 2)
+    assert one["weights"] == pytest.approx(8_030_261_248 * 2 / 1e9)  # bf16 weights, one copy
+    assert two["weights"] == pytest.approx(one["weights"] / 2)  # FSDP shards them
+    # layers_benign "0:32" reaches hidden state 32 (the last block's output), so all 32 blocks get adapters
+    assert one["lora_params_m"] == pytest.approx(32 * arch.lora_params_per_block(16) / 1e6)
+    parts = ("weights", "weights_gathered", "lora_and_adamw", "gathered_states", "logits", "activations_ckpt")
+    assert one["total_ckpt"] == pytest.approx(sum(one[k] for k in parts))
+    assert one["activations_full"] > 10 * one["activations_ckpt"]
