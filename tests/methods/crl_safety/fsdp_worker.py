@@ -1,13 +1,14 @@
 """Worker of ``test_scale.py``: train CRL (or RR) a few steps on a tiny random Llama, under ``torchrun`` with FSDP2
 over gloo ranks or as one plain process, and save the losses and the full adapter weights (rank 0)."""
 
+import logging
 import sys
 
 import torch
 import torch.distributed as dist
 
 from reprlab.methods.crl_safety.chat import ChatFormat
-from reprlab.methods.crl_safety.config import CrlCfg, DefenseCfg, LoraCfg, OptimCfg, RrCfg, SftCfg
+from reprlab.methods.crl_safety.config import CrlCfg, DefenseCfg, LoraCfg, MiningCfg, OptimCfg, RrCfg, SftCfg
 from reprlab.methods.crl_safety.scale import shard_model
 from reprlab.methods.crl_safety.trainer import Trainer
 from reprlab.models.hf import tiny_llama
@@ -39,6 +40,11 @@ CASES = {
         dict(cache_frozen=True, center_states=True, crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4")),
     ),
     "rr": ("rr", dict(cache_frozen=False, center_states=True, crl=CrlCfg())),
+    # the latent attack trains on full batches, identically on every rank (no communication), and is always used
+    "crl_adv": (
+        "crl_adv",
+        dict(cache_frozen=False, center_states=False, crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4")),
+    ),
     "sft": ("sft", dict(cache_frozen=True, center_states=False, crl=CrlCfg())),
 }
 
@@ -53,30 +59,46 @@ def setup(case: str):
              end_turn=False)) for i in range(8)]  # fmt: skip
     ben = [(fmt.prompt_ids(f"nice question {i}" + "?" * (i % 4)), fmt.response_ids("x", "Here is " + "it " * i,
             end_turn=False)) for i in range(8)]  # fmt: skip
-    optim = OptimCfg(steps=4, batch_size=4, lr=1e-2, checkpoint_every=100, cache_frozen=o["cache_frozen"])
+    optim = OptimCfg(
+        steps=4, batch_size=4, lr=1e-2, log_every=1, checkpoint_every=100, cache_frozen=o["cache_frozen"]
+    )
     lora = LoraCfg(r=4, alpha=8, dropout=0.0)  # dropout masks would be drawn per rank
     if kind == "sft":
         cfg = SftCfg(optim=optim, lora=lora)
     else:
         cfg = DefenseCfg(optim=optim, lora=lora, center_states=o["center_states"], crl=o["crl"],
-                         rr=RrCfg(layers="1,3", retain_layers="all"))  # fmt: skip
+                         rr=RrCfg(layers="1,3", retain_layers="all"),
+                         mining=MiningCfg(blocks="0:1", refresh_every=2, iterations=2, gate_loss=1e9, prob=1.0))  # fmt: skip
     torch.manual_seed(0)
     peft = add_lora(model, 4, 8, 0.0)
     return kind, peft, cfg, harm, ben, tok
 
 
+class _Rec:
+    """The slice of ``reprlab.runs.Run`` that ``Trainer.fit`` uses, recording the logged metrics."""
+
+    logger = logging.getLogger("fsdp_worker")
+
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, **metrics):
+        self.rows.append(metrics)
+
+    def checkpoints(self, tag):
+        return []
+
+    def save_checkpoint(self, *a, **k):
+        return None
+
+
 def train(case: str, shard: bool) -> dict:
+    """``Trainer.fit`` on ``case``; ``shard``: FSDP2 over the ranks, else plain replicas (gradients averaged)."""
     kind, peft, cfg, harm, ben, tok = setup(case)
     if shard:
         shard_model(peft)
-    tr = Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, seed=0, retain=ben)
-    losses = []
-    for step in range(cfg.optim.steps):
-        tr.opt.zero_grad(set_to_none=True)
-        loss, _ = tr.loss(step)
-        loss.backward()
-        tr.opt.step()
-        losses.append(loss.item())
+    rec = _Rec()
+    Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, run=rec, seed=0, retain=ben).fit()
     state = {}
     for name, p in peft.named_parameters():
         if p.requires_grad:
@@ -84,12 +106,13 @@ def train(case: str, shard: bool) -> dict:
                 p.full_tensor() if hasattr(p, "full_tensor") else p
             )  # FSDP2: a DTensor shard -> the whole tensor
             state[name] = t.detach().clone()
-    return {"losses": losses, "state": state}
+    return {"losses": [r[f"{kind}.loss"] for r in rec.rows], "state": state}
 
 
 def main(out: str, *cases: str) -> None:
     info = init_distributed(device="cpu")
-    res = {case: train(case, info.enabled) for case in cases}
+    # "<case>@replicas": every rank holds the whole model and the trainer averages gradients (no FSDP)
+    res = {case: train(case.split("@")[0], info.enabled and not case.endswith("@replicas")) for case in cases}
     if info.is_main:
         torch.save({"world": info.world_size, **res}, out)
     if info.enabled:

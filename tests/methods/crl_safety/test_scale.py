@@ -141,9 +141,10 @@ def test_bf16_base_trains_fp32_adapters_close_to_fp32(fmt, data):
 
 # ---------------------------------------------------------------------- FSDP under torchrun
 def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
-    """CRL (code settings and crl-tiny's), RR and stage-0 SFT, 4 AdamW steps each, on a tiny random Llama: torchrun
-    with 2 gloo ranks and FSDP2 (the batch split over ranks) against one plain process (~35 s here)."""
-    cases = list(fsdp_worker.CASES)
+    """``Trainer.fit`` of CRL (code settings and crl-tiny's), CRL+mining, RR and stage-0 SFT, 4 AdamW steps each, on
+    a tiny random Llama: torchrun with 2 gloo ranks and FSDP2 (the batch split over ranks; once also as plain
+    replicas) against one plain process (~35 s here)."""
+    cases = [*fsdp_worker.CASES, "crl_code@replicas"]
     out = tmp_path / "two.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -153,7 +154,7 @@ def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
     two = torch.load(out)
     assert two["world"] == 2
     for case in cases:
-        one = fsdp_worker.train(case, shard=False)
+        one = fsdp_worker.train(case.split("@")[0], shard=False)
         # float32 sums in another order (per-rank partial sums, all-reduce/all-gather): measured <= 1e-6 relative
         assert two[case]["losses"] == pytest.approx(one["losses"], rel=1e-5), case
         moved = 0.0
