@@ -241,3 +241,29 @@ def test_memory_estimate_of_the_8b_recipe_is_dominated_by_activations_without_ch
     parts = ("weights", "weights_gathered", "lora_and_adamw", "gathered_states", "logits", "activations_ckpt")
     assert one["total_ckpt"] == pytest.approx(sum(one[k] for k in parts))
     assert one["activations_full"] > 10 * one["activations_ckpt"]
+
+
+@pytest.mark.slow  # two pipelines on a tiny Llama, one under torchrun: ~40 s on the loaded 2-core machine
+def test_the_recipe_under_torchrun_gives_one_processs_summary(tmp_path):
+    """The whole crl pipeline (generate, stage 0, RR, CRL, CRL+mining, every attack) with 2 gloo ranks: each rank
+    holds the model, training splits the batches; the summary matches one process."""
+    import json
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
+    worker = str(HERE / "recipe_worker.py")
+    runs = {
+        "one": [sys.executable, worker, str(tmp_path / "one")],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
+                str(tmp_path / "two")],
+    }  # fmt: skip
+    for name, cmd in runs.items():
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, (name, res.stderr[-3000:])
+    one, two = (json.loads((tmp_path / n / "summary.json").read_text()) for n in runs)
+    assert one.keys() == two.keys()
+    for k, v in one.items():
+        if isinstance(v, str) or k.split(".")[-1].startswith(("asr", "benign_compliance", "over_refusal")):
+            assert two[k] == v, k  # judged shares: the same replies
+        else:
+            # float32 sums in another order: KLs of ~1e-6 differ by up to 5e-7 (measured), cosines by < 1e-6
+            assert two[k] == pytest.approx(v, rel=1e-3, abs=1e-5), k

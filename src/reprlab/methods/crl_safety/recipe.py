@@ -35,6 +35,7 @@ from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_logit_rows
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
+from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
@@ -202,16 +203,20 @@ def run(cfg: Config, run) -> dict:
     preflight(cfg)  # again: library callers of run() skip the runner's hook
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    # under torchrun every rank holds the whole model and runs every stage; training splits each batch over the
+    # ranks and averages gradients (trainer.py); rank 0 alone writes the run folder
+    dist_info = init_distributed(device="cpu" if run.device.type == "cpu" else None)
+    device = dist_info.device if dist_info.enabled else run.device
     seed_everything(cfg.seed)
     t_start = time.time()
     log = run.logger.info
-    ref, tok = load_model(cfg, run.device)
+    ref, tok = load_model(cfg, device)
     for p in ref.parameters():
         p.requires_grad_(False)
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     d = cfg.data
     sp = _splits(cfg)
-    judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label, device=run.device,
+    judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label, device=device,
                        dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype])  # fmt: skip
 
     def gen_stage():
@@ -220,7 +225,7 @@ def run(cfg: Config, run) -> dict:
                for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval")
                if not (d.completion_model and k.startswith("harmful"))}  # fmt: skip
         if d.completion_model:  # one load of the other model for both harmful sets
-            both = _completion_replies(cfg, run.device, sp.harmful_train + sp.harmful_eval)
+            both = _completion_replies(cfg, device, sp.harmful_train + sp.harmful_eval)
             out["harmful_train"], out["harmful_eval"] = (
                 both[: len(sp.harmful_train)],
                 both[len(sp.harmful_train) :],
