@@ -86,12 +86,16 @@ ARCHS = {
 GB = 1e9
 
 
-def memory_estimate(cfg, arch: Arch, world: int = 1, kind: str = "crl", template_tokens: int = 32) -> dict:
+def memory_estimate(
+    cfg, arch: Arch, world: int = 1, kind: str = "crl", template_tokens: int = 32, fsdp: bool = True
+) -> dict:
     """Peak bytes per GPU of one defence training step (``kind`` rr, crl or crl_adv), in GB (1e9 bytes).
 
     Args:
         cfg: the recipe ``Config`` (dtype, data lengths, ``defense``).
-        world: ranks under FSDP (weights, adapters, optimizer sharded; each rank runs ``batch/world`` rows).
+        world: ranks; each runs ``batch/world`` rows of every batch.
+        fsdp: weights, adapters and AdamW sharded over the ranks (:func:`shard_model`); False = whole replicas
+            (what ``reprlab run`` under torchrun does today).
         template_tokens: chat-template tokens around prompt and response (Llama-3: ~30).
 
     Returns:
@@ -116,13 +120,15 @@ def memory_estimate(cfg, arch: Arch, world: int = 1, kind: str = "crl", template
         "params_b": arch.params / 1e9,
         # FSDP keeps 1/world of the weights, plus the gathered block being computed and the next (prefetch) and the
         # root unit (embeddings + head) while it is in use
-        "weights": arch.params * w_bytes / world / GB,
+        "weights": arch.params * w_bytes / (world if fsdp else 1) / GB,
         "weights_gathered": (
-            0.0 if world == 1 else (2 * arch.block_params + 2 * arch.d_vocab * arch.d_model) * w_bytes / GB
+            0.0
+            if world == 1 or not fsdp
+            else (2 * arch.block_params + 2 * arch.d_vocab * arch.d_model) * w_bytes / GB
         ),
         "lora_params_m": lora / 1e6,
         # fp32 adapters (peft upcasts), fp32 grads, AdamW's two fp32 moments: 16 bytes per parameter, sharded
-        "lora_and_adamw": lora * 16 / world / GB,
+        "lora_and_adamw": lora * 16 / (world if fsdp else 1) / GB,
     }
     per_tok = arch.act_bytes_per_token_block(d.lora.dropout > 0, d.lora.r)
     n_blocks = arch.n_layers
@@ -154,14 +160,16 @@ def memory_estimate(cfg, arch: Arch, world: int = 1, kind: str = "crl", template
     return out
 
 
-def memory_table(cfg, arch: Arch, worlds=(1, 2, 4, 8), kind: str = "crl") -> list[dict]:
+def memory_table(cfg, arch: Arch, worlds=(1, 2, 4, 8), kind: str = "crl", fsdp: bool = True) -> list[dict]:
     """:func:`memory_estimate` rows for several world sizes, rounded to 0.1 GB."""
     rows = []
     for w in worlds:
         if cfg.defense.optim.batch_size % w:
             continue
-        e = memory_estimate(cfg, arch, w, kind)
-        rows.append({"gpus": w, **{k: round(v, 2) if isinstance(v, float) else v for k, v in e.items()}})
+        e = memory_estimate(cfg, arch, w, kind, fsdp=fsdp)
+        rows.append(
+            {"gpus": w, "fsdp": fsdp, **{k: round(v, 2) if isinstance(v, float) else v for k, v in e.items()}}
+        )
     return rows
 
 
@@ -174,5 +182,6 @@ if __name__ == "__main__":  # python -m reprlab.methods.crl_safety.scale [recipe
     name = args.pop(0) if args else "crl-llama3-8b"
     kind = args.pop(0) if args and "=" not in args[0] else "crl"
     cfg = get_recipe(name).build_config(args)
-    for row in memory_table(cfg, ARCHS[cfg.model], kind=kind):
-        print(row)
+    for fsdp in (True, False):
+        for row in memory_table(cfg, ARCHS[cfg.model], kind=kind, fsdp=fsdp):
+            print(row)
