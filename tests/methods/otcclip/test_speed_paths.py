@@ -1,6 +1,7 @@
 """The OTCCLIP speed paths (item 8) compute what the plain paths compute: the lazy pool gathers the rows a
 concatenation would, trimming all-padding columns leaves re-matching unchanged, the fused OT loss solve
-equals separate solves, and reusing the own-caption features removes a forward without changing the step.
+equals separate solves, and fused encoder calls / reused own-caption features change nothing but the
+number of forward passes.
 With both options off the trainer reproduces the old path (same losses, weights, assignments)."""
 
 from dataclasses import replace
@@ -77,20 +78,23 @@ def test_fused_ot_losses_equal_separate_solves_in_value_and_gradient():
 
 
 @pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
-def test_speed_options_leave_the_step_unchanged_and_save_a_text_forward(items, epoch):
-    """One otcclip epoch with the speed options on vs off: same losses, assignments, and weights (to float
-    rounding; plain SGD, since Adam's g / sqrt(v) turns rounding noise in ~0 gradients into full-size
-    steps); on non-matching epochs the text encoder runs once fewer per step."""
+def test_speed_options_leave_the_step_unchanged_and_save_forward_passes(items, epoch):
+    """One otcclip epoch with the speed options (fused_ot_losses, reuse_own_text, fused_encoders) on vs off:
+    same losses, assignments, and weights (to float rounding; plain SGD, since Adam's g / sqrt(v) turns
+    rounding noise in ~0 gradients into full-size steps), with fewer encoder calls per step."""
     results = {}
     for on in (True, False):
-        tr = _trainer(items, "otcclip", epochs=2, sgd=True)  # Adam would amplify rounding of ~0 grads
-        tr.dcfg = replace(DCFG, fused_ot_losses=on, reuse_own_text=on)
+        tr = _trainer(items, "otcclip", epochs=2, sgd=True)
+        tr.dcfg = replace(DCFG, fused_ot_losses=on, reuse_own_text=on, fused_encoders=on)
         tr.impl.cfg = tr.dcfg
         if epoch == 1:
             tr.run_epoch(0)  # fill the bank
-        calls = []
-        encode = tr.model.encode_text
-        tr.model.encode_text = lambda ids, mask, c=calls, f=encode: c.append(len(ids)) or f(ids, mask)
+        calls = {"text": [], "image": []}
+        for kind in calls:
+            encode = getattr(tr.model, f"encode_{kind}")
+            setattr(
+                tr.model, f"encode_{kind}", lambda *a, c=calls[kind], f=encode: c.append(len(a[0])) or f(*a)
+            )
         stats = tr.run_epoch(epoch)
         results[on] = (stats, [p.detach().clone() for p in tr.model.parameters()], calls)
     (s_on, w_on, c_on), (s_off, w_off, c_off) = results[True], results[False]
@@ -100,8 +104,13 @@ def test_speed_options_leave_the_step_unchanged_and_save_a_text_forward(items, e
         assert s_on["rematch_poison_moved"] == s_off["rematch_poison_moved"]
         assert s_on["rematch_clean_kept"] == s_off["rematch_clean_kept"]
     assert max(float((a - b).abs().max()) for a, b in zip(w_on, w_off)) < 1e-5  # rounding only
-    steps = 32 // 8
-    if epoch == 0:
-        assert len(c_off) - len(c_on) == steps  # one text forward fewer per step
-    else:
-        assert len(c_off) == len(c_on)  # matching epochs train on matched captions: nothing to reuse
+    steps, batch, sub = 32 // 8, 8, 2  # intra_subset 4 of a global batch of 8: every 2nd row
+    # the same rows are encoded, in fewer calls: images view1 + view2[sub] in one call
+    assert sum(c_on["image"]) == sum(c_off["image"]) == steps * (batch + batch // sub)
+    assert len(c_off["image"]) - len(c_on["image"]) == steps
+    if epoch == 0:  # own captions (8 rows) + caption views (4 rows) in one call; own[sub] reused
+        assert c_on["text"] == [batch + batch // sub] * steps
+        assert len(c_off["text"]) == 3 * steps
+    else:  # matching: own captions without gradient for the pool, then own[sub] + views[sub] together
+        assert c_on["text"] == [batch, 2 * (batch // sub)] * steps
+        assert len(c_off["text"]) == 3 * steps

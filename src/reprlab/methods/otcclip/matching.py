@@ -82,13 +82,24 @@ class PoolRows:
         return len(self.first) + len(self.second)
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        return self.take(index)
+
+    def take(self, index: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """Rows ``index``, optionally only their first ``width`` entries of dim 1 (saves the copy)."""
         n1 = len(self.first)
-        out = self.second.new_zeros((len(index), *self.second.shape[1:]))
+        width = self.second.shape[1] if width is None else width
+        out = self.second.new_zeros((len(index), width, *self.second.shape[2:]))
         in_first = index < n1
-        picked = self.first[index[in_first]]
+        picked = self.first[index[in_first], :width]
         out[in_first, : picked.shape[1]] = picked
-        out[~in_first] = self.second[index[~in_first] - n1]
+        out[~in_first] = self.second[index[~in_first] - n1, :width]
         return out
+
+
+def used_width(mask: torch.Tensor) -> int:
+    """``1 +`` the last column of ``bool (rows, pos)`` that is valid in some row (``pos`` if none is)."""
+    cols = torch.nonzero(mask.any(0)).flatten()
+    return int(cols.max()) + 1 if len(cols) else mask.shape[1]
 
 
 @dataclass
@@ -144,12 +155,15 @@ def otc_rematch(
     x = patches[:, None].expand(batch, k, n, d).reshape(batch * k, n, d)
     xm = None if patch_mask is None else patch_mask[:, None].expand(batch, k, n).reshape(batch * k, n)
     flat = top_idx.reshape(-1)
-    tokens, mask = pool_tokens[flat], pool_mask[flat]
+    mask = pool_mask[flat]
     # [ours, speed] drop the columns that are padding in every candidate (the bank stores full-width rows):
     # they carry zero mass, so the distances are unchanged, and the OT problems shrink to the longest caption
-    cols = torch.nonzero(mask.any(0)).flatten()
-    width = int(cols.max()) + 1 if len(cols) else mask.shape[1]
-    solved = ot_solve(x, tokens[:, :width], xm, mask[:, :width], ot, matching=True)
+    width = used_width(mask)
+    if isinstance(pool_tokens, PoolRows):
+        tokens = pool_tokens.take(flat, width)
+    else:
+        tokens = pool_tokens[flat][:, :width]
+    solved = ot_solve(x, tokens, xm, mask[:, :width], ot, matching=True)
     dist = solved.cost.view(batch, k)
     score = alpha * top_sim - (1 - alpha) * dist
     if own_index is not None and margin > 0:

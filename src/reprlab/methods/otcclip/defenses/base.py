@@ -62,8 +62,9 @@ class DefenseConfig:
     fused_ot_losses: bool = field(
         default=True,
         metadata={
-            "help": "[ours, speed] solve the inter and intra OT loss problems in one padded solver call "
-            "(equal to separate calls up to float rounding); false = one call per term (the old path)"
+            "help": "[ours, speed] solve the inter and intra OT loss problems in one padded solver call, "
+            "matched captions cut to their used width (equal to the old path up to float rounding); "
+            "false = one call per term on full-width matched captions (the old path)"
         },
     )
     reuse_own_text: bool = field(
@@ -72,6 +73,13 @@ class DefenseConfig:
             "help": "[ours, speed] on non-matching epochs the intra text term reuses the own captions' "
             "features of the CLIP term instead of encoding the same rows again (same values); false = the "
             "old extra forward"
+        },
+    )
+    fused_encoders: bool = field(
+        default=True,
+        metadata={
+            "help": "[ours, speed] encode the intra term's second views in the same forward pass as the first "
+            "views (per-row encoders: equal to separate passes up to float rounding); false = separate passes"
         },
     )
     ot: OTConfig = field(default_factory=OTConfig)

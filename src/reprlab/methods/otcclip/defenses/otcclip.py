@@ -9,11 +9,14 @@ D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kep
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
+import torch.nn.functional as F
 
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
 from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
-from reprlab.methods.otcclip.matching import PoolRows, otc_rematch
+from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, used_width
 from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
@@ -69,10 +72,12 @@ class OTCCLIP(Defense):
         )
         i = match.index
         ids_a, mask_a = pool["ids"][i], pool["mask"][i]
+        # [ours, speed, part of fused_ot_losses] pool rows are full width; padding-only columns carry no mass
+        w = used_width(mask_a) if c.fused_ot_losses else mask_a.shape[1]
         if c.detach_matched_text:
-            txt = TextFeatures(pool["global_"][i], pool["tokens"][i], mask_a)
+            txt = TextFeatures(pool["global_"][i], pool["tokens"].take(i, w), mask_a[:, :w])
         else:
-            txt = tr.model.encode_text(ids_a, mask_a)
+            txt = tr.model.encode_text(ids_a[:, :w], mask_a[:, :w])
         tr.enqueue(b.ids1, b.mask1, batch_txt, b.loc)  # after the query: the pool's batch part is explicit
         diag = match.ot_result
         err = None if diag is None else diag.marginal_error
@@ -81,12 +86,20 @@ class OTCCLIP(Defense):
 
     # ---------------------------------------------------------------- losses
     def losses(
-        self, tr, b: Batch, img: ImageFeatures, txt: TextFeatures, own_txt: TextFeatures | None = None
+        self,
+        tr,
+        b: Batch,
+        img: ImageFeatures,
+        txt: TextFeatures,
+        own_txt: TextFeatures | None = None,
+        views: tuple | None = None,
     ) -> dict[str, torch.Tensor]:
         """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view).
 
         ``own_txt``: the own captions' first-view features with gradient, when already computed (non-matching
         epochs: they are ``txt``); the intra text term then reuses its rows instead of encoding them again.
+        ``views``: the intra term's ``(second image view, own captions, caption views)`` features of the
+        :meth:`~reprlab.methods.otcclip.trainer.Trainer.intra_rows`, when the step already encoded them.
         """
         c, model = self.cfg, tr.model
         terms = {
@@ -102,12 +115,15 @@ class OTCCLIP(Defense):
                 terms["ot_inter"] = ot_alignment(img.patches, txt.tokens, img.mask, txt.mask, c.ot)
         if c.lambda_intra > 0 and c.intra_subset > 0:
             sub = tr.intra_rows(len(b.idx))
-            img2 = model.encode_image(b.view2[sub])
-            if own_txt is not None:  # same rows, same widths: the encoder is deterministic (no dropout)
-                txt_own = TextFeatures(own_txt.global_[sub], own_txt.tokens[sub], own_txt.mask[sub])
+            if views is not None:
+                img2, txt_own, txt2 = views
             else:
-                txt_own = model.encode_text(b.ids1[sub], b.mask1[sub])
-            txt2 = model.encode_text(b.ids2[sub], b.mask2[sub])
+                img2 = model.encode_image(b.view2[sub])
+                if own_txt is not None:  # same rows, same widths: the encoder is deterministic (no dropout)
+                    txt_own = TextFeatures(own_txt.global_[sub], own_txt.tokens[sub], own_txt.mask[sub])
+                else:
+                    txt_own = model.encode_text(b.ids1[sub], b.mask1[sub])
+                txt2 = model.encode_text(b.ids2[sub], b.mask2[sub])
             groups.append(("ot_intra_image", (img.patches[sub], img2.patches, None, None)))
             groups.append(("ot_intra_text", (txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask)))
         if not groups:
@@ -124,18 +140,51 @@ class OTCCLIP(Defense):
         return terms
 
     def step(self, tr, b: Batch) -> StepOutput:
-        img = tr.model.encode_image(b.view1)
+        c, model = self.cfg, tr.model
+        intra = c.lambda_intra > 0 and c.intra_subset > 0
+        fuse = c.fused_encoders and intra
+        sub = tr.intra_rows(len(b.idx)) if fuse else None
+        views = None  # the intra term's (second image view, own caption, caption view), when pre-encoded
+        if fuse:  # [ours, speed] the second views ride along in the first views' forward passes
+            img, img2 = split_rows(model.encode_image(torch.cat([b.view1, b.view2[sub]])), len(b.view1))
+        else:
+            img = model.encode_image(b.view1)
         assignment = None
         if b.phase == "otc_match":
             assignment, txt = self.assign(tr, b, img)
+            if fuse:  # the own captions were encoded without gradient for the pool: encode both views here
+                ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
+                views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
+        elif fuse:
+            ids, mask = cat_padded([b.ids1, b.ids2[sub]], [b.mask1, b.mask2[sub]])
+            txt, txt2 = split_rows(model.encode_text(ids, mask), len(b.ids1))
+            txt = TextFeatures(txt.global_, txt.tokens[:, : b.ids1.shape[1]], txt.mask[:, : b.ids1.shape[1]])
+            views = (img2, TextFeatures(txt.global_[sub], txt.tokens[sub], txt.mask[sub]), txt2)
         else:
-            txt = tr.model.encode_text(b.ids1, b.mask1)
+            txt = model.encode_text(b.ids1, b.mask1)
+        if assignment is None:
             tr.enqueue(b.ids1, b.mask1, txt, b.loc)
         own = txt if assignment is None else None  # non-matching epochs train on the own captions
-        terms = self.losses(tr, b, img, txt, own if self.cfg.reuse_own_text else None)
+        terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views)
         loss = terms["clip"]
         if "ot_inter" in terms:
-            loss = loss + self.cfg.lambda_inter * terms["ot_inter"]
+            loss = loss + c.lambda_inter * terms["ot_inter"]
         if "ot_intra" in terms:
-            loss = loss + self.cfg.lambda_intra * terms["ot_intra"]
+            loss = loss + c.lambda_intra * terms["ot_intra"]
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
+
+
+def split_rows(feats, n: int) -> tuple:
+    """Split Image/TextFeatures of stacked inputs into rows ``[:n]`` and ``[n:]`` (same feature class)."""
+    values = [getattr(feats, f.name) for f in fields(feats)]  # global_, patches/tokens, mask
+    return type(feats)(*(v[:n] for v in values)), type(feats)(*(v[n:] for v in values))
+
+
+def cat_padded(ids: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(rows, pos)`` token batches of possibly different widths, right-padding with 0 / False."""
+    width = max(t.shape[1] for t in ids)
+    pad = [(0, width - t.shape[1]) for t in ids]
+    return (
+        torch.cat([F.pad(t, p) for t, p in zip(ids, pad)]),
+        torch.cat([F.pad(m, p) for m, p in zip(masks, pad)]),
+    )
