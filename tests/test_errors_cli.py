@@ -67,7 +67,7 @@ def test_the_console_script_exits_2_and_debug_shows_the_traceback(tmp_path):
 def test_model_not_available_offline_names_the_packaged_aliases(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))  # nothing cached
-    with pytest.raises(ModelNotAvailableError, match="not in the Hugging Face cache") as err:
+    with pytest.raises(ModelNotAvailableError, match="not in the local Hugging Face cache") as err:
         check_model_available("bert-base-uncased")
     assert "smollm2-135m-instruct" in err.value.hint and "all-minilm-l6-v2" in err.value.hint
     with pytest.raises(ModelNotAvailableError, match="does not exist"):

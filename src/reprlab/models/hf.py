@@ -53,36 +53,50 @@ def _resolve(model_id: str) -> tuple[str, dict]:
     return str(configs[0].parent), {}
 
 
-def check_model_available(model_id: str) -> None:
-    """Fail fast, before any work, when ``model_id`` cannot be loaded here.
+def _in_hf_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
 
-    A packaged alias must have its package installed; a local folder must exist; a hub id must be in the
-    local Hugging Face cache when the hub is off (``HF_HUB_OFFLINE=1``), and is otherwise left to download.
+        hit = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # malformed repo ids raise validation errors: not in the cache, then
+        return False
+    return isinstance(hit, str) and Path(hit).exists()
+
+
+def check_model_available(model_id: str, what: str = "model") -> str:
+    """Say how ``model_id`` resolves without a download (``"packaged"``, ``"folder"``, ``"cache"``) or raise.
+
+    Called by recipes' ``preflight`` before any work, so a model that would need the hub fails in a second
+    with the fix, not after minutes of other stages with a hub traceback. Callers that may download (a user
+    with hub access who said so) skip the call.
 
     Raises:
         ModelNotAvailableError: with a hint naming the packaged aliases.
     """
-    import os
-
+    from reprlab.assets import AssetMissingError
     from reprlab.errors import ModelNotAvailableError
 
     aliases = ", ".join(sorted(PACKAGED_MODELS))
-    hint = f"packaged offline models: {aliases}; or pass a local folder"
-    try:
-        path, _ = _resolve(model_id)
-    except (FileNotFoundError, ModuleNotFoundError, ImportError) as err:
-        raise ModelNotAvailableError(f"model {model_id!r} is not available: {err}", hint=hint) from None
-    if Path(path).is_dir() or model_id.lower() in PACKAGED_MODELS:
-        return
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in (
-        "", "0"):  # fmt: skip
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(model_id, "config.json"), str):
-            raise ModelNotAvailableError(
-                f"model {model_id!r} is not a local folder and not in the Hugging Face cache, and the hub is "
-                "off (HF_HUB_OFFLINE=1)", hint=hint,
-            )  # fmt: skip
+    hint = (f"use a packaged alias ({aliases}), a local model folder, or a model already in the Hugging Face "
+            "cache; on a machine with hub access, download it first (or let the recipe download, where it "
+            "has allow_download)")  # fmt: skip
+    if model_id.lower() in PACKAGED_MODELS:
+        try:
+            _resolve(model_id)
+        except (AssetMissingError, FileNotFoundError) as err:
+            raise ModelNotAvailableError(f"{what} {model_id!r}: packaged alias, but {err}", hint) from err
+        return "packaged"
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists() and not any(path.glob("*.gguf")):
+            raise ModelNotAvailableError(f"{what} folder {path} has no config.json", hint)
+        return "folder"
+    if model_id.startswith((".", "/", "~")):
+        raise ModelNotAvailableError(f"{what} folder {model_id} does not exist", hint)
+    if _in_hf_cache(model_id):
+        return "cache"
+    raise ModelNotAvailableError(f"{what} {model_id!r} is not available offline (not a packaged alias, not a "
+                                 "local folder, not in the local Hugging Face cache)", hint)  # fmt: skip
 
 
 def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):

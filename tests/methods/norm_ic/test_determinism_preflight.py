@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from reprlab.errors import ModelNotAvailableError
-from reprlab.methods.norm_ic.availability import check_model_available
 from reprlab.methods.norm_ic.static import corpus_sentences, train_sgns
+from reprlab.models.hf import check_model_available
 from reprlab.runner import execute
 
 

@@ -15,6 +15,6 @@ Modules (one concept each): ``ic`` (information content sources), ``vocab`` (fre
 (composition functions), ``normalize`` (centring/whitening on a disjoint fit vocabulary), ``stats``
 (correlations with bootstrap CIs), ``conditions`` (sufficient-condition diagnostics), ``length`` (CER and
 fixed point, CIs over documents), ``nulls`` (random-vector, piece-count and shuffled-IC baselines, and which
-correlations survive them [ours]), ``availability`` (models usable offline, checked before any work),
+correlations survive them [ours]), (models usable offline are checked before any work by ``reprlab.models.hf.check_model_available``),
 ``recipe`` (the run entry).
 """

@@ -276,7 +276,7 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
 def preflight(cfg: Config) -> None:
     """Checks that need no work, run before the run folder exists: compositions, models reachable offline."""
     from reprlab.errors import ConfigError
-    from reprlab.methods.norm_ic.availability import check_model_available
+    from reprlab.models.hf import check_model_available
 
     bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
     if bad:
