@@ -27,6 +27,8 @@ runner = CliRunner()
         (["run", "smoke-digits", "--resume"], "does not exist"),
         (["run", "smoke-digits", "--resume", "--overwrite"], "contradict"),
         (["run", "smoke-digits", "--track", "mlflow"], "tensorboard"),
+        (["run", "crl-tiny", "model=nosuch-org/nosuch-model"], "not available offline"),
+        (["run", "normic-tiny", "encoder.model=nosuch-org/nosuch-model"], "not available offline"),
         (["config", "nosuch-recipe"], "unknown recipe"),
         (["report", "/nonexistent/run"], "does not exist"),
         (["aggregate", "/nonexistent/run"], "does not exist"),

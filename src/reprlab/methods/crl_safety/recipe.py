@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -191,6 +192,17 @@ def preflight(cfg: Config) -> None:
             raise ConfigError(f"models must be drawn from {MODELS}, got {m!r}")
     check_judge_cfg(cfg.judge.backend, cfg.judge.model_id)
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in (
+        "", "0"):  # fmt: skip
+        # offline, a hub id that is not cached would fail only after the base model loaded; online it downloads
+        from reprlab.models.hf import check_model_available
+
+        named = [("model", cfg.model), ("data.completion_model", cfg.data.completion_model)]
+        if cfg.judge.backend in ("hf", "harmbench"):
+            named.append(("judge.model_id", cfg.judge.model_id))
+        for what, mid in named:
+            if mid and mid != "tiny-llama":
+                check_model_available(mid, what)
 
 
 def _splits(cfg: Config):
