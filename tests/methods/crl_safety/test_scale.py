@@ -267,3 +267,32 @@ def test_the_recipe_under_torchrun_gives_one_processs_summary(tmp_path):
         else:
             # float32 sums in another order: KLs of ~1e-6 differ by up to 5e-7 (measured), cosines by < 1e-6
             assert two[k] == pytest.approx(v, rel=1e-3, abs=1e-5), k
+
+
+def test_the_pipeline_never_copies_a_model(tmp_path, monkeypatch):
+    """One copy of the base: the crl pipeline on the tiny Llama runs with ``copy.deepcopy`` of any module > 1 k
+    parameters forbidden (the recipe used to deep-copy the base for stage 0)."""
+    import copy
+
+    from test_recipe import TINY, compliant_jsonl
+
+    from reprlab.config import load_config
+    from reprlab.methods.crl_safety import recipe as R
+    from reprlab.runs import Run
+
+    real = copy.deepcopy
+
+    def guarded(x, *a, **k):
+        if isinstance(x, torch.nn.Module) and sum(p.numel() for p in x.parameters()) > 1000:
+            raise AssertionError(f"deepcopy of a {type(x).__name__}")
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(copy, "deepcopy", guarded)
+    t = {
+        **TINY,
+        "models": ["refusal", "crl"],
+        "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)},
+    }
+    cfg = load_config(R.Config, t)
+    summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
+    assert "crl.asr_prefill" in summary
