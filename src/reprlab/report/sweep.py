@@ -44,10 +44,24 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
             f"{s}: {e}" for s, e in agg["failed"].items()
         )
     sections.append(Section("Metrics over seeds", text=text, table=rows))
+    sections += _recipe_sweep_sections(agg)
     if "wall_time_s" in agg["keys"]:
         info = agg["keys"]["wall_time_s"]
         sections.append(Section("Wall time", text=f"{_cell(info)} s per seed."))
     return sections
+
+
+def _recipe_sweep_sections(agg: dict) -> list[Section]:
+    """Sections the recipe draws over all seeds (its entry module's ``sweep_sections(run_dirs)``), if any."""
+    from reprlab.errors import ReprlabError
+    from reprlab.recipes import get_recipe
+
+    try:
+        fn = getattr(get_recipe(agg["recipe"]).module(), "sweep_sections", None)
+    except ReprlabError:
+        return []
+    runs = [Path(p) for p in agg["runs"] if Path(p).is_dir()]
+    return list(fn(runs)) if fn is not None and runs else []
 
 
 def build_sweep_report(sweep_dir: Path | str) -> tuple[Path, Path]:

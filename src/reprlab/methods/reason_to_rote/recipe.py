@@ -260,3 +260,11 @@ def report_sections(run_dir: Path):
     from reprlab.methods.reason_to_rote.report import fda_sections
 
     return fda_sections(Path(run_dir))
+
+
+def sweep_sections(run_dirs: list[Path]):
+    """Extra sections of a seed sweep's report: every seed's training dynamics side by side."""
+    from reprlab.methods.reason_to_rote.report import sweep_curves_section
+
+    sec = sweep_curves_section([Path(d) for d in run_dirs])
+    return [sec] if sec is not None else []
