@@ -26,3 +26,15 @@ def test_unknown_recipe_suggests_closest():
 
     with pytest.raises(KeyError, match="(?i)did you mean 'smoke-digits'"):
         get_recipe("smoke-digit")
+
+
+def test_every_config_key_has_a_help_text():
+    from reprlab.config.load import field_help
+    from reprlab.recipes import all_recipes
+
+    missing = {}
+    for name, recipe in all_recipes().items():
+        keys = [key for key, _, _, help_text in field_help(type(recipe.build_config([]))) if not help_text.strip()]
+        if keys:
+            missing[name] = keys
+    assert not missing, f"config keys without help (field metadata 'help'): {missing}"

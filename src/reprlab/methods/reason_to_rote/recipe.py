@@ -46,10 +46,10 @@ from reprlab.train.seed import seed_everything
 class ModelConfig:
     """GPT size [ours]; d_vocab and n_ctx are set from the task."""
 
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    d_mlp: int = 256
+    n_layers: int = field(default=2, metadata={"help": "transformer blocks", "ge": 1})
+    d_model: int = field(default=64, metadata={"help": "residual stream width", "ge": 1})
+    n_heads: int = field(default=4, metadata={"help": "attention heads (must divide d_model)", "ge": 1})
+    d_mlp: int = field(default=256, metadata={"help": "MLP hidden width", "ge": 1})
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from reprlab.train.seed import seed_everything
 
 @dataclass(frozen=True)
 class ModelConfig:
-    n_layers: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    d_mlp: int = 512
+    n_layers: int = field(default=4, metadata={"help": "transformer blocks", "ge": 1})
+    d_model: int = field(default=128, metadata={"help": "residual stream width", "ge": 1})
+    n_heads: int = field(default=4, metadata={"help": "attention heads (must divide d_model)", "ge": 1})
+    d_mlp: int = field(default=512, metadata={"help": "MLP hidden width", "ge": 1})
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,14 @@ class TrainConfig:
     steps: int = field(default=3000, metadata={"help": "maximum optimizer steps"})
     batch_size: int = field(default=256, metadata={"help": "items per step"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    beta1: float = 0.9
-    beta2: float = 0.99
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1", "ge": 0, "lt": 1})
+    beta2: float = field(default=0.99, metadata={"help": "AdamW beta2", "ge": 0, "lt": 1})
     weight_decay: float = field(
         default=0.0, metadata={"help": "AdamW weight decay (suppresses memorisation)"}
     )
-    warmup_steps: int = 100
+    warmup_steps: int = field(
+        default=100, metadata={"help": "linear warm-up steps before the cosine", "ge": 0}
+    )
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr of the cosine"})
     grad_clip: float = field(default=1.0, metadata={"help": "max global grad norm; 0 disables"})
     eval_every: int = field(default=100, metadata={"help": "steps between dynamics evaluations"})
