@@ -43,3 +43,43 @@ def audit(
     )
     typer.echo(json.dumps(summary, indent=2))
     typer.echo(f"wrote {out / 'flagged.csv'} and {out / 'audit.html'}")
+
+
+@app.command("make-shards")
+def make_shards(
+    out: Path = typer.Argument(..., help="output folder for the .tar shards and manifest.json"),
+    n_pairs: int = typer.Option(2000, min=1, help="clean mosaic pairs before poisoning"),
+    shard_size: int = typer.Option(500, min=1, help="samples per shard"),
+    seed: int = typer.Option(0, help="seed of the mosaics and poisons (as the recipe's seed)"),
+    max_items: int = typer.Option(2, min=1, max=4, help="most items per mosaic"),
+    clean: bool = typer.Option(False, "--clean", help="clean mosaics only (no targeted/backdoor poisons)"),
+    trigger: str = typer.Option("badnets", help="backdoor trigger (see data.trigger)"),
+) -> None:
+    """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards."""
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip.poison import TRIGGERS
+    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
+    from reprlab.methods.otcclip.shards import write_shards
+
+    if trigger not in TRIGGERS:
+        raise ConfigError(f"--trigger {trigger!r} is not one of {list(TRIGGERS)}")
+    if clean:
+        from reprlab.assets import fashion_mnist
+        from reprlab.methods.otcclip.mosaic import make_mosaics
+        from reprlab.methods.otcclip.recipe import MOSAIC_ITEMS
+
+        x, y = fashion_mnist("train")
+        pairs = make_mosaics(n_pairs, seed, 1, max_items, source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]))
+    else:
+        cfg = DataConfig(  # otcclip-tiny's poisons
+            n_pairs=n_pairs,
+            max_items=max_items,
+            captions_per_target=30,
+            backdoor_pairs=min(120, n_pairs // 4),
+            trigger=trigger,
+            n_eval=1,
+            n_probe_train=1,
+        )
+        pairs = build_testbed(cfg, seed).pairs
+    paths = write_shards(pairs, out, shard_size)
+    typer.echo(f"wrote {len(pairs)} samples in {len(paths)} shards to {out}")

@@ -1,0 +1,209 @@
+"""Image-caption pairs as webdataset tar shards, and a streaming dataset over shards [ours; issue 11 item 5].
+
+Layout (the webdataset convention, so ``webdataset.WebDataset`` and ``reprlab otcclip audit`` read it): POSIX
+tar files ``{prefix}-{i:06d}.tar``; a sample is consecutive members sharing a key (the file name up to the
+first dot): ``{key}.png`` (lossless PNG, greyscale or RGB), ``{key}.txt`` (the caption, UTF-8) and
+``{key}.json`` (``index``, ``kind`` 0 clean / 1 targeted / 2 backdoor, ``image_id``, ``sig``: provenance for
+diagnostics, never seen by a defense). Shards are written with the standard library's ``tarfile`` (no
+webdataset dependency), with fixed member metadata so the same pairs give byte-identical shards, and each
+shard is written under a temporary name and renamed, so a crash never leaves a truncated ``.tar``.
+``manifest.json`` lists the shards, the sample count and the class names.
+
+:class:`ShardStream` is a ``torch.utils.data.IterableDataset``: its shards are split across ranks, then
+across DataLoader workers, and each worker reads its shards sequentially in tar streaming mode, one sample
+at a time, so memory holds one sample per worker (plus the optional shuffle buffer), never the dataset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from reprlab.methods.otcclip.mosaic import PairSet
+
+MANIFEST = "manifest.json"
+
+
+def _png(image: torch.Tensor) -> bytes:
+    """``uint8 (C, H, W)`` with C in {1, 3} -> PNG bytes."""
+    from PIL import Image
+
+    arr = image.numpy()
+    arr = arr[0] if arr.shape[0] == 1 else arr.transpose(1, 2, 0)
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _decode_png(data: bytes) -> torch.Tensor:
+    """PNG bytes -> ``uint8 (C, H, W)`` (greyscale keeps one channel)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        arr = np.asarray(im, dtype=np.uint8)
+    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644  # fixed metadata: reproducible shards
+    tf.addfile(info, io.BytesIO(data))
+
+
+def write_shards(pairs: PairSet, out: Path, shard_size: int = 1000, prefix: str = "mosaics") -> list[Path]:
+    """Write ``pairs`` as tar shards of ``shard_size`` samples into ``out``; returns the shard paths.
+
+    Keys are the zero-padded pair index, so shard order = pair order.
+
+    Raises:
+        ValueError: ``shard_size < 1`` or no pairs.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1; got {shard_size}")
+    if len(pairs) == 0:
+        raise ValueError("no pairs to write")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard, start in enumerate(range(0, len(pairs), shard_size)):
+        path = out / f"{prefix}-{shard:06d}.tar"
+        tmp = path.with_name(path.name + ".tmp")
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(start, min(start + shard_size, len(pairs))):
+                key = f"{i:09d}"
+                meta = {
+                    "index": i,
+                    "kind": int(pairs.kind[i]),
+                    "image_id": int(pairs.image_id[i]),
+                    "sig": int(pairs.sig[i]),
+                }
+                _add(tf, f"{key}.png", _png(pairs.images[i]))
+                _add(tf, f"{key}.txt", pairs.captions[i].encode("utf-8"))
+                _add(tf, f"{key}.json", json.dumps(meta, sort_keys=True).encode("utf-8"))
+        tmp.replace(path)
+        paths.append(path)
+    manifest = {
+        "n_samples": len(pairs),
+        "shard_size": shard_size,
+        "shards": [p.name for p in paths],
+        "class_names": list(pairs.class_names),
+        "image_shape": list(pairs.images.shape[1:]),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return paths
+
+
+def shard_paths(source: Path | str) -> list[Path]:
+    """A folder's ``*.tar`` shards (sorted), or the given shard file."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"no shard or folder at {source}")
+    paths = sorted(source.glob("*.tar")) if source.is_dir() else [source]
+    if not paths:
+        raise FileNotFoundError(f"no .tar shards in {source}")
+    return paths
+
+
+def read_samples(path: Path) -> Iterator[dict]:
+    """Samples of one shard, in order, reading the tar sequentially (streaming mode)."""
+    key, parts = None, {}
+    with tarfile.open(path, "r|") as tf:
+        for member in tf:
+            if not member.isfile():
+                continue
+            name = Path(member.name).name
+            k, _, ext = name.partition(".")
+            if key is not None and k != key:
+                yield _sample(key, parts, path)
+                parts = {}
+            key = k
+            parts[ext.lower()] = tf.extractfile(member).read()
+    if key is not None:
+        yield _sample(key, parts, path)
+
+
+def _sample(key: str, parts: dict[str, bytes], path: Path) -> dict:
+    if "png" not in parts or "txt" not in parts:
+        raise ValueError(f"{path.name}: sample {key!r} lacks a .png or .txt member (has {sorted(parts)})")
+    meta = json.loads(parts["json"]) if "json" in parts else {}
+    return {
+        "key": key,
+        "image": _decode_png(parts["png"]),
+        "caption": parts["txt"].decode("utf-8"),
+        "index": int(meta.get("index", -1)),
+        "kind": int(meta.get("kind", 0)),
+    }
+
+
+class ShardStream(IterableDataset):
+    """Stream samples (dicts: ``key``, ``image uint8 (C, H, W)``, ``caption``, ``index``, ``kind``) from shards.
+
+    Args:
+        shards: shard paths (or one folder / shard file).
+        rank, world_size: this process's share: shards ``rank::world_size`` (give every rank the same number of
+            shards, e.g. shard count divisible by ``world_size``, or ranks see different step counts).
+        seed: with ``shuffle_buffer > 0`` or ``shuffle_shards``, the shuffling seed (mixed with the epoch).
+        shuffle_shards: permute the shard order each epoch (same permutation on every rank).
+        shuffle_buffer: samples held in a reservoir for local shuffling [ours; 0 = file order].
+
+    Within a DataLoader, worker ``w`` of ``W`` takes every ``W``-th of the rank's shards.
+    """
+
+    def __init__(
+        self,
+        shards: list[Path] | Path | str,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle_shards: bool = False,
+        shuffle_buffer: int = 0,
+    ):
+        super().__init__()
+        self.shards = shard_paths(shards) if isinstance(shards, str | Path) else [Path(p) for p in shards]
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.shuffle_shards, self.shuffle_buffer = shuffle_shards, shuffle_buffer
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (call before creating the epoch's iterator)."""
+        self.epoch = epoch
+
+    def my_shards(self) -> list[Path]:
+        """The shards this rank and (inside a DataLoader worker) this worker read, in reading order."""
+        order = list(range(len(self.shards)))
+        if self.shuffle_shards:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(order).tolist()
+        order = order[self.rank :: self.world_size]
+        info = get_worker_info()
+        if info is not None:
+            order = order[info.id :: info.num_workers]
+        return [self.shards[i] for i in order]
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        samples = (s for path in self.my_shards() for s in read_samples(path))
+        if self.shuffle_buffer <= 0:
+            yield from samples
+            return
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
+        buffer: list[dict] = []
+        for s in samples:
+            if len(buffer) < self.shuffle_buffer:
+                buffer.append(s)
+                continue
+            j = int(rng.integers(len(buffer)))
+            yield buffer[j]
+            buffer[j] = s
+        rng.shuffle(buffer)
+        yield from buffer
