@@ -47,7 +47,7 @@ def _decode_png(data: bytes) -> torch.Tensor:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
-        arr = np.asarray(im, dtype=np.uint8)
+        arr = np.array(im, dtype=np.uint8)  # a writable copy (asarray of a PIL image is read-only)
     arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
     return torch.from_numpy(np.ascontiguousarray(arr))
 
