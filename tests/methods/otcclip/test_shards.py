@@ -90,7 +90,7 @@ def test_shards_are_reproducible_and_read_by_webdataset_and_the_audit_loader(pai
     for s in got:
         i = json.loads(s["json"])["index"] if isinstance(s["json"], bytes) else s["json"]["index"]
         assert s["__key__"] == f"{i:09d}" and s["txt"] == pairs.captions[i]
-        assert torch.equal(torch.from_numpy(s["png"])[None], pairs.images[i])
+        assert torch.equal(torch.tensor(s["png"])[None], pairs.images[i])
 
 
 def test_bad_sample_and_arguments_raise(tmp_path, pairs):
