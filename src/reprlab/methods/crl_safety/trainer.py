@@ -418,12 +418,14 @@ class Trainer:
         """Train ``self.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
         o = self.cfg.optim
         start = 0
-        # [missing] sharded adapters and AdamW state (DTensors) are not checkpointed yet: across ranks a run neither
-        # writes nor resumes checkpoints (metrics are still logged by rank 0)
-        saves = self.run is not None and self.world == 1
-        if self.world > 1 and self.run is not None:
+        # replicas hold identical adapters and AdamW state, so rank 0's checkpoint is every rank's and all ranks resume
+        # from it. [missing] FSDP-sharded adapters and AdamW state (DTensors) are not checkpointed yet: a sharded run
+        # neither writes nor resumes checkpoints (metrics are still logged by rank 0)
+        sharded = isinstance(self.model, FSDPModule)  # FSDP2 reduces gradients itself
+        saves = self.run is not None and not sharded
+        if sharded and self.run is not None:
             self.run.logger.warning(
-                "%s: no checkpoints across %d ranks (not implemented)", self.kind, self.world
+                "%s: no checkpoints of FSDP-sharded adapters (not implemented)", self.kind
             )
         if saves and self.run.checkpoints(self.kind):
             if self.attacker is not None:  # a placeholder module to load the saved attack into
@@ -442,7 +444,6 @@ class Trainer:
         ckpt = self.cfg.optim.gradient_checkpointing
         if ckpt:
             self.checkpointing(True)
-        sharded = isinstance(self.model, FSDPModule)  # FSDP2 reduces gradients itself
         self.model.train()
         t0, hist = time.time(), []
         for step in range(start, self.steps):
