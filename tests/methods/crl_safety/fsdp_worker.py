@@ -40,6 +40,24 @@ CASES = {
         dict(cache_frozen=True, center_states=True, crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4")),
     ),
     "rr": ("rr", dict(cache_frozen=False, center_states=True, crl=CrlCfg())),
+    # the GPU recipes' setting: gradient checkpointing inside the FSDP units
+    "crl_code_ckpt": (
+        "crl",
+        dict(
+            cache_frozen=False,
+            center_states=False,
+            ckpt=True,
+            crl=CrlCfg(
+                layers_benign="1:4",
+                layers_harmful="2:4",
+                d_pos="l2",
+                margin_benign=2.0,
+                margin_harmful=3.0,
+                kl_reduction="batchmean",
+                kl_data="retain",
+            ),
+        ),
+    ),  # fmt: skip
     # the latent attack trains on full batches, identically on every rank (no communication), and is always used
     "crl_adv": (
         "crl_adv",
@@ -59,9 +77,8 @@ def setup(case: str):
              end_turn=False)) for i in range(8)]  # fmt: skip
     ben = [(fmt.prompt_ids(f"nice question {i}" + "?" * (i % 4)), fmt.response_ids("x", "Here is " + "it " * i,
             end_turn=False)) for i in range(8)]  # fmt: skip
-    optim = OptimCfg(
-        steps=4, batch_size=4, lr=1e-2, log_every=1, checkpoint_every=100, cache_frozen=o["cache_frozen"]
-    )
+    optim = OptimCfg(steps=4, batch_size=4, lr=1e-2, log_every=1, checkpoint_every=100,
+                     cache_frozen=o["cache_frozen"], gradient_checkpointing=o.get("ckpt", False))  # fmt: skip
     lora = LoraCfg(r=4, alpha=8, dropout=0.0)  # dropout masks would be drawn per rank
     if kind == "sft":
         cfg = SftCfg(optim=optim, lora=lora)
