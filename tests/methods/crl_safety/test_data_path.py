@@ -95,6 +95,8 @@ def test_completion_model_replaces_the_base_for_harmful_completions(tmp_path, re
         return [COMPLY for _ in prompts]
 
     monkeypatch.setattr(R, "_completion_replies", completions)
+    # the stand-in id is never loaded (completions are patched), so the offline availability check must pass it
+    monkeypatch.setattr("reprlab.models.hf.check_model_available", lambda mid, what="model": "cache")
     cfg = gpu_cfg("crl-llama3-8b", completion_model="some/uncensored-model")
     with pytest.raises(Stop):
         R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-llama3-8b", quiet=True))
