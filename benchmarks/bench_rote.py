@@ -77,7 +77,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     seq = 16  # FDA: 10 prompt + 5 digits + EOS
-    cfg = GPTConfig(d_vocab=14, n_ctx=seq, n_layers=args.layers, d_model=args.d_model, n_heads=4, d_mlp=4 * args.d_model)
+    cfg = GPTConfig(
+        d_vocab=14, n_ctx=seq, n_layers=args.layers, d_model=args.d_model, n_heads=4, d_mlp=4 * args.d_model
+    )
     ours = GPT(cfg)
     hf = to_hf_gpt2(ours)
     batches = [torch.randint(0, 14, (args.batch, seq)) for _ in range(args.steps)]
@@ -89,7 +91,9 @@ def main() -> None:
     t_ours = time_training(ours, batches, mask, is_hf=False)
     tokens = args.batch * (seq - 1)
     rows = [("ours (GPT, SDPA)", t_ours, tokens / t_ours), ("HF GPT2LMHeadModel", t_hf, tokens / t_hf)]
-    print(f"config: layers={args.layers} d_model={args.d_model} batch={args.batch} seq={seq} threads={torch.get_num_threads()}")
+    print(
+        f"config: layers={args.layers} d_model={args.d_model} batch={args.batch} seq={seq} threads={torch.get_num_threads()}"
+    )
     print(f"{'model':<22}{'s/step':>10}{'tokens/s':>12}")
     for name, t, tps in rows:
         print(f"{name:<22}{t:>10.4f}{tps:>12.0f}")
@@ -101,17 +105,31 @@ def main() -> None:
     t_patch, effects = patching_sweep(ours, clean, corrupt)
     assert torch.isfinite(effects).all() and effects.max() > 0  # the sweep must actually change outputs
     print(f"patching sweep ({args.layers} layers x {seq} positions, 64 items): ours {t_patch:.3f} s")
-    result = {"train_speedup_vs_hf": round(speedup, 3), "ours_tokens_per_s": round(tokens / t_ours),
-              "hf_tokens_per_s": round(tokens / t_hf), "patching_sweep_s": round(t_patch, 3)}
+    result = {
+        "train_speedup_vs_hf": round(speedup, 3),
+        "ours_tokens_per_s": round(tokens / t_ours),
+        "hf_tokens_per_s": round(tokens / t_hf),
+        "patching_sweep_s": round(t_patch, 3),
+    }
     if importlib.util.find_spec("transformer_lens") is None:
-        print("TransformerLens not installed: patching comparison skipped "
-              "(its install pulls wandb/datasets and ~30 packages into the shared venv; see report)")
+        print(
+            "TransformerLens not installed: patching comparison skipped "
+            "(its install pulls wandb/datasets and ~30 packages into the shared venv; see report)"
+        )
     else:  # pragma: no cover - optional dependency
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-        tl_cfg = HookedTransformerConfig(n_layers=args.layers, d_model=args.d_model, n_ctx=seq, d_head=args.d_model // 4,
-                                         n_heads=4, d_mlp=4 * args.d_model, d_vocab=14, act_fn="gelu_new",
-                                         normalization_type="LN")
+        tl_cfg = HookedTransformerConfig(
+            n_layers=args.layers,
+            d_model=args.d_model,
+            n_ctx=seq,
+            d_head=args.d_model // 4,
+            n_heads=4,
+            d_mlp=4 * args.d_model,
+            d_vocab=14,
+            act_fn="gelu_new",
+            normalization_type="LN",
+        )
         tl = HookedTransformer(tl_cfg).eval()
         names = [f"blocks.{i}.hook_resid_pre" for i in range(args.layers)]
         t0 = time.perf_counter()
@@ -119,9 +137,11 @@ def main() -> None:
         with torch.no_grad():
             for name in names:
                 for p in range(seq):
+
                     def hook(act, hook, p=p, name=name):
                         act[:, p] = cache[name][:, p]
                         return act
+
                     tl.run_with_hooks(clean, fwd_hooks=[(name, hook)])
         t_tl = time.perf_counter() - t0
         print(f"patching sweep TransformerLens: {t_tl:.3f} s")

@@ -43,7 +43,9 @@ def run_demo(out: Path, names: list[str] | None = None, resume: bool = False, qu
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     status_path = out / "demo.json"
-    previous = {e["recipe"]: e for e in read_json(status_path)["runs"]} if resume and status_path.exists() else {}
+    previous = (
+        {e["recipe"]: e for e in read_json(status_path)["runs"]} if resume and status_path.exists() else {}
+    )
     entries = []
     for name in demo_recipes(names):
         if previous.get(name, {}).get("status") == "ok":

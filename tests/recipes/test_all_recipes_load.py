@@ -34,7 +34,9 @@ def test_every_config_key_has_a_help_text():
 
     missing = {}
     for name, recipe in all_recipes().items():
-        keys = [key for key, _, _, help_text in field_help(type(recipe.build_config([]))) if not help_text.strip()]
+        keys = [
+            key for key, _, _, help_text in field_help(type(recipe.build_config([]))) if not help_text.strip()
+        ]
         if keys:
             missing[name] = keys
     assert not missing, f"config keys without help (field metadata 'help'): {missing}"

@@ -115,8 +115,9 @@ def replace_with(value: Tensor) -> HookFn:
     return fn
 
 
-def patch_positions(source: Tensor, positions: Tensor | list[int] | None = None,
-                    index: Tensor | list[int] | None = None) -> HookFn:
+def patch_positions(
+    source: Tensor, positions: Tensor | list[int] | None = None, index: Tensor | list[int] | None = None
+) -> HookFn:
     """Hook that copies ``source`` into the activation at the given positions and last-dim indices.
 
     Args:

@@ -148,7 +148,9 @@ def from_hf_gpt2(hf_model: nn.Module) -> GPT:
     options at their defaults).
     """
     hc = hf_model.config
-    act = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(hc.activation_function)
+    act = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(
+        hc.activation_function
+    )
     if act is None:
         raise ValueError(f"unsupported GPT-2 activation {hc.activation_function!r}")
     cfg = GPTConfig(

@@ -13,7 +13,9 @@ def quiet_default() -> bool:
     return os.environ.get("REPRLAB_QUIET", "0") not in ("", "0", "false")
 
 
-def progress(iterable: Iterable[T], total: int | None = None, desc: str = "", disable: bool | None = None) -> Iterator[T]:
+def progress(
+    iterable: Iterable[T], total: int | None = None, desc: str = "", disable: bool | None = None
+) -> Iterator[T]:
     """Yield from ``iterable`` with a rich progress bar unless disabled (``REPRLAB_QUIET=1``)."""
     if disable is None:
         disable = quiet_default()

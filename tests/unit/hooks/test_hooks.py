@@ -7,15 +7,29 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from reprlab.hooks import hooks, patch, patch_positions, run_with_cache
 from reprlab.models.gpt import from_hf_gpt2
 
-SHARED = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.0.mlp.hook_post",
-          "blocks.1.attn.hook_out", "blocks.0.mlp.hook_out"]
+SHARED = [
+    "blocks.0.hook_resid_pre",
+    "blocks.1.hook_resid_post",
+    "blocks.0.mlp.hook_post",
+    "blocks.1.attn.hook_out",
+    "blocks.0.mlp.hook_out",
+]
 
 
 @pytest.fixture(scope="module")
 def pair():
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=19, n_positions=12, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                     tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=19,
+        n_positions=12,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_inner=64,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     hf = GPT2LMHeadModel(cfg).eval()
     return from_hf_gpt2(hf).eval(), hf
 
@@ -33,8 +47,13 @@ def test_cache_matches_between_ours_and_hf(pair):
 def test_resid_mid_identity(pair):
     ours, _ = pair
     ids = torch.randint(0, 19, (2, 12))
-    names = ["blocks.1.hook_resid_pre", "blocks.1.attn.hook_out", "blocks.1.hook_resid_mid",
-             "blocks.1.mlp.hook_out", "blocks.1.hook_resid_post"]
+    names = [
+        "blocks.1.hook_resid_pre",
+        "blocks.1.attn.hook_out",
+        "blocks.1.hook_resid_mid",
+        "blocks.1.mlp.hook_out",
+        "blocks.1.hook_resid_post",
+    ]
     _, c = run_with_cache(ours, ids, names=names)
     # residual bookkeeping: mid = pre + attn_out, post = mid + mlp_out
     torch.testing.assert_close(c[names[2]], c[names[0]] + c[names[1]])
@@ -76,8 +95,13 @@ def test_neuron_index_patch(pair):
     name = "blocks.0.mlp.hook_post"
     seen = {}
     zero = torch.zeros(2, 12, 64)
-    with hooks(ours, [(name, patch_positions(zero, positions=[3], index=[5, 7])),
-                      ("blocks.0.mlp.hook_post", lambda a, n: seen.setdefault(n, a.clone()))]):
+    with hooks(
+        ours,
+        [
+            (name, patch_positions(zero, positions=[3], index=[5, 7])),
+            ("blocks.0.mlp.hook_post", lambda a, n: seen.setdefault(n, a.clone())),
+        ],
+    ):
         ours(ids)
     act = seen[name]
     assert act[:, 3, [5, 7]].abs().max() == 0

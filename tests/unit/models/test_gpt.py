@@ -12,8 +12,18 @@ ATOL = 1e-5
 
 def _hf(seed: int = 0, act: str = "gelu_new") -> GPT2LMHeadModel:
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=23, n_positions=16, n_embd=32, n_layer=2, n_head=4, n_inner=48,
-                     activation_function=act, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=23,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=48,
+        activation_function=act,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     hf = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # HF's init leaves LN at (1, 0) and biases at 0: randomise them so they are tested
         for name, p in hf.named_parameters():

@@ -35,7 +35,9 @@ class TrainConfig:
 class Config:
     seed: int = field(default=0, metadata={"help": "seed for split, init and data order"})
     hidden: int = field(default=64, metadata={"help": "MLP hidden width"})
-    test_fraction: float = field(default=0.25, metadata={"help": "share of digits held out", "gt": 0, "lt": 1})
+    test_fraction: float = field(
+        default=0.25, metadata={"help": "share of digits held out", "gt": 0, "lt": 1}
+    )
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the MLP is tiny: cpu)"})
     train: TrainConfig = field(default_factory=TrainConfig)
 
@@ -62,7 +64,9 @@ def _data(cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 def run(cfg: Config, run: Run) -> dict:
     xtr, ytr, xte, yte = (t.to(run.device) for t in _data(cfg))
     torch.manual_seed(cfg.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, cfg.hidden), torch.nn.GELU(), torch.nn.Linear(cfg.hidden, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, cfg.hidden), torch.nn.GELU(), torch.nn.Linear(cfg.hidden, 10)
+    )
     model = model.to(run.device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     steps_per_epoch = (len(xtr) + cfg.train.batch_size - 1) // cfg.train.batch_size
@@ -72,7 +76,9 @@ def run(cfg: Config, run: Run) -> dict:
     if run.resume and (state := run.load_checkpoint({"model": model}, {"opt": opt})) is not None:
         step, extra = state
         sched.load_state_dict(extra["scheduler"])
-    stop_after = int(os.environ["REPRLAB_SMOKE_STOP_AFTER"]) if os.environ.get("REPRLAB_SMOKE_STOP_AFTER") else None
+    stop_after = (
+        int(os.environ["REPRLAB_SMOKE_STOP_AFTER"]) if os.environ.get("REPRLAB_SMOKE_STOP_AFTER") else None
+    )
     order_gen = generator(cfg.seed + 1)
     orders = [torch.randperm(len(xtr), generator=order_gen).to(run.device) for _ in range(cfg.train.epochs)]
     for global_step in run.progress(range(step, total), total=total - step, desc="smoke-digits"):
@@ -119,4 +125,8 @@ def report_sections(run_dir: Path) -> list[Section]:
     ax.imshow(confusion, cmap="Blues")
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    return [Section("Test confusion matrix", text="scikit-learn digits (real 8×8 scans), held-out split.", figure=fig)]
+    return [
+        Section(
+            "Test confusion matrix", text="scikit-learn digits (real 8×8 scans), held-out split.", figure=fig
+        )
+    ]
