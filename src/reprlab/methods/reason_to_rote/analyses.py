@@ -8,6 +8,8 @@ answer token ``j``. For a noisy item, ``k`` is the first answer index where ỹ 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -240,6 +242,41 @@ def _unrelated_metric(at: Tensor, gen: torch.Generator) -> ItemMetric:
     return ItemMetric(at - 1, t1, t2)
 
 
+@dataclass(frozen=True)
+class CircuitItems:
+    """The items, corruptions and metrics every circuit analysis reads (one draw, shared by all of them).
+
+    ``mem_*``: noisy items (batch,) with a random clean corruption and the memorisation metric at the first
+    differing position ``at``; ``gen_*``: clean items whose corrupted token differs at a position drawn from
+    the noisy items' positions, with the generalisation metric.
+    """
+
+    mem_ids: Tensor
+    mem_corrupt: Tensor
+    mem_metric: ItemMetric
+    at: Tensor
+    gen_ids: Tensor
+    gen_corrupt: Tensor
+    gen_metric: ItemMetric
+
+
+def circuit_items(train_clean: Batch, noisy: Batch, n_items: int, seed: int) -> CircuitItems:
+    gen = torch.Generator().manual_seed(seed)
+    n_clean = len(train_clean)
+    noisy_sub = noisy.select(torch.arange(min(n_items, len(noisy))))
+    corrupt_n = train_clean.select(torch.randint(n_clean, (len(noisy_sub),), generator=gen))
+    k = first_diff(noisy_sub)
+    at = noisy_sub.answer_start + k
+    mem_metric = ItemMetric(at - 1, tokens_at(noisy_sub.ids, at), tokens_at(noisy_sub.ids_true, at))
+    clean_sub = train_clean.select(torch.randperm(n_clean, generator=gen)[: 2 * n_items])
+    corrupt_c = train_clean.select(torch.randint(n_clean, (len(clean_sub),), generator=gen))
+    keep, at_c, tgt, alt = _clean_metric_items(clean_sub, corrupt_c, k, seed)
+    keep_idx = torch.nonzero(keep).flatten()[:n_items]
+    gen_metric = ItemMetric(at_c[keep_idx] - 1, tgt[keep_idx], alt[keep_idx])
+    return CircuitItems(noisy_sub.ids, corrupt_n.ids, mem_metric, at, clean_sub.ids[keep_idx],
+                        corrupt_c.ids[keep_idx], gen_metric)  # fmt: skip
+
+
 def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac: float, n_items: int,
                  seed: int, n_null: int = 3) -> tuple[dict, dict]:  # fmt: skip
     """Generalisation (clean) vs memorisation (noisy) circuits by node attribution patching, with nulls.
@@ -258,35 +295,23 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
     Returns:
         (summary dict, memorisation attribution scores per hook as nested lists for the neuron analysis)
     """
-    gen = torch.Generator().manual_seed(seed)
-    n_clean = len(train_clean)
-    noisy_sub = noisy.select(torch.arange(min(n_items, len(noisy))))
-    corrupt_n = train_clean.select(torch.randint(n_clean, (len(noisy_sub),), generator=gen))
-    k = first_diff(noisy_sub)
-    at = noisy_sub.answer_start + k
-    mem_metric = ItemMetric(at - 1, tokens_at(noisy_sub.ids, at), tokens_at(noisy_sub.ids_true, at))
-    mem = attribution_patching(model, noisy_sub.ids, corrupt_n.ids, mem_metric)
-
-    clean_sub = train_clean.select(torch.randperm(n_clean, generator=gen)[: 2 * n_items])
-    corrupt_c = train_clean.select(torch.randint(n_clean, (len(clean_sub),), generator=gen))
-    keep, at_c, tgt, alt = _clean_metric_items(clean_sub, corrupt_c, k, seed)
-    keep_idx = torch.nonzero(keep).flatten()[:n_items]
-    gen_metric = ItemMetric(at_c[keep_idx] - 1, tgt[keep_idx], alt[keep_idx])
-    gen_ = attribution_patching(model, clean_sub.ids[keep_idx], corrupt_c.ids[keep_idx], gen_metric)
+    it = circuit_items(train_clean, noisy, n_items, seed)
+    mem = attribution_patching(model, it.mem_ids, it.mem_corrupt, it.mem_metric)
+    gen_ = attribution_patching(model, it.gen_ids, it.gen_corrupt, it.gen_metric)
 
     n_nodes = len(mem.flat()[1])
     top_k = max(1, int(top_k_frac * n_nodes))
     mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
     null_gen = torch.Generator().manual_seed(seed + 101)
-    nulls = [attribution_patching(model, noisy_sub.ids, corrupt_n.ids, _unrelated_metric(at, null_gen)).top_k(top_k)
+    nulls = [attribution_patching(model, it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen)).top_k(top_k)
              for _ in range(n_null)]  # fmt: skip
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
     pairs = [iou(a, b) for i, a in enumerate(nulls) for b in nulls[i + 1 :]]
     means = node_means(model, train_clean.ids[:1000])
-    f_mem = faithfulness(model, noisy_sub.ids, mem_metric, mem_c, means)
-    f_gen = faithfulness(model, clean_sub.ids[keep_idx], gen_metric, gen_c, means)
-    f_mem_with_gen = faithfulness(model, noisy_sub.ids, mem_metric, gen_c, means)
+    f_mem = faithfulness(model, it.mem_ids, it.mem_metric, mem_c, means)
+    f_gen = faithfulness(model, it.gen_ids, it.gen_metric, gen_c, means)
+    f_mem_with_gen = faithfulness(model, it.mem_ids, it.mem_metric, gen_c, means)
 
     def composition(c: set) -> dict:
         out: dict[str, int] = {}
@@ -307,7 +332,7 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
         "metric_memorization": {"full": f_mem.m_full, "empty": f_mem.m_empty, "circuit": f_mem.m_circuit},
         "metric_generalization": {"full": f_gen.m_full, "empty": f_gen.m_empty, "circuit": f_gen.m_circuit},
         "composition_memorization": composition(mem_c), "composition_generalization": composition(gen_c),
-        "n_items_memorization": len(noisy_sub), "n_items_generalization": len(keep_idx),
+        "n_items_memorization": len(it.mem_ids), "n_items_generalization": len(it.gen_ids),
         "score_share_by_hook_memorization": _shares(mem.scores), "score_share_by_hook_generalization": _shares(gen_.scores),
     }  # fmt: skip
     return summary, {name: s.tolist() for name, s in mem.scores.items()}
@@ -320,33 +345,23 @@ def run_edge_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_
     circuits at the same positions, and mean-ablation faithfulness (:mod:`reprlab.interp.edges`)."""
     from reprlab.interp.edges import edge_attribution_patching, edge_faithfulness, graph, upstream_means
 
-    gen = torch.Generator().manual_seed(seed)  # the same draws as run_circuits: same items and corruptions
-    n_clean = len(train_clean)
-    noisy_sub = noisy.select(torch.arange(min(n_items, len(noisy))))
-    corrupt_n = train_clean.select(torch.randint(n_clean, (len(noisy_sub),), generator=gen))
-    k = first_diff(noisy_sub)
-    at = noisy_sub.answer_start + k
-    mem_metric = ItemMetric(at - 1, tokens_at(noisy_sub.ids, at), tokens_at(noisy_sub.ids_true, at))
-    clean_sub = train_clean.select(torch.randperm(n_clean, generator=gen)[: 2 * n_items])
-    corrupt_c = train_clean.select(torch.randint(n_clean, (len(clean_sub),), generator=gen))
-    keep, at_c, tgt, alt = _clean_metric_items(clean_sub, corrupt_c, k, seed)
-    keep_idx = torch.nonzero(keep).flatten()[:n_items]
-    gen_metric = ItemMetric(at_c[keep_idx] - 1, tgt[keep_idx], alt[keep_idx])
+    it = circuit_items(train_clean, noisy, n_items, seed)  # the same items and corruptions as run_circuits
     eap = lambda ids, cor, m: edge_attribution_patching(model, ids, cor, m, ig_steps=ig_steps)  # noqa: E731
-    mem = eap(noisy_sub.ids, corrupt_n.ids, mem_metric)
-    gen_ = eap(clean_sub.ids[keep_idx], corrupt_c.ids[keep_idx], gen_metric)
+    mem = eap(it.mem_ids, it.mem_corrupt, it.mem_metric)
+    gen_ = eap(it.gen_ids, it.gen_corrupt, it.gen_metric)
     n_edges = len(graph(model)[2])
     top_k = max(1, int(top_k_frac * n_edges))
     mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
     null_gen = torch.Generator().manual_seed(seed + 101)
     nulls = [
-        eap(noisy_sub.ids, corrupt_n.ids, _unrelated_metric(at, null_gen)).top_k(top_k) for _ in range(n_null)
+        eap(it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen)).top_k(top_k)
+        for _ in range(n_null)
     ]
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
     means = upstream_means(model, train_clean.ids[:1000])
-    f_mem = edge_faithfulness(model, noisy_sub.ids, mem_metric, mem_c, means)
-    f_gen = edge_faithfulness(model, clean_sub.ids[keep_idx], gen_metric, gen_c, means)
+    f_mem = edge_faithfulness(model, it.mem_ids, it.mem_metric, mem_c, means)
+    f_gen = edge_faithfulness(model, it.gen_ids, it.gen_metric, gen_c, means)
     shared = iou(mem_c, gen_c)
     return {
         "n_edges": n_edges, "top_k": top_k, "ig_steps": ig_steps, "iou": shared,
@@ -369,24 +384,13 @@ def run_head_ablation(model: nn.Module, train_clean: Batch, noisy: Batch, n_item
     """
     from reprlab.interp.ablation import head_ablation, head_means
 
-    gen = torch.Generator().manual_seed(seed)  # the same draws as run_circuits
-    n_clean = len(train_clean)
-    noisy_sub = noisy.select(torch.arange(min(n_items, len(noisy))))
-    train_clean.select(torch.randint(n_clean, (len(noisy_sub),), generator=gen))  # keep the draw order
-    k = first_diff(noisy_sub)
-    at = noisy_sub.answer_start + k
-    mem_metric = ItemMetric(at - 1, tokens_at(noisy_sub.ids, at), tokens_at(noisy_sub.ids_true, at))
-    clean_sub = train_clean.select(torch.randperm(n_clean, generator=gen)[: 2 * n_items])
-    corrupt_c = train_clean.select(torch.randint(n_clean, (len(clean_sub),), generator=gen))
-    keep, at_c, tgt, alt = _clean_metric_items(clean_sub, corrupt_c, k, seed)
-    keep_idx = torch.nonzero(keep).flatten()[:n_items]
-    gen_metric = ItemMetric(at_c[keep_idx] - 1, tgt[keep_idx], alt[keep_idx])
+    it = circuit_items(train_clean, noisy, n_items, seed)  # the same items as run_circuits
     means = head_means(model, train_clean.ids[:1000])
-    mem = head_ablation(model, noisy_sub.ids, mem_metric, means)
-    gen_ = head_ablation(model, clean_sub.ids[keep_idx], gen_metric, means)
+    mem = head_ablation(model, it.mem_ids, it.mem_metric, means)
+    gen_ = head_ablation(model, it.gen_ids, it.gen_metric, means)
     null_gen = torch.Generator().manual_seed(seed + 101)
     nulls = [
-        head_ablation(model, noisy_sub.ids, _unrelated_metric(at, null_gen), means) for _ in range(n_null)
+        head_ablation(model, it.mem_ids, _unrelated_metric(it.at, null_gen), means) for _ in range(n_null)
     ]
 
     def corr(a: Tensor, b: Tensor) -> float:
