@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from reprlab.interp.attribution import FaithfulnessResult
+
 MetricFn = Callable[[Tensor, slice], Tensor]  # (logits, rows) -> per-item metric
 Edge = tuple[str, str]
 
@@ -221,18 +223,8 @@ def run_with_edges(model: nn.Module, ids: Tensor, keep: set[Edge] | None, means:
             h.remove()
 
 
-@dataclass(frozen=True)
-class EdgeFaithfulness:
-    """Mean metric with the circuit's edges kept (others mean-ablated), all ablated, and none ablated."""
-
-    m_circuit: float
-    m_empty: float
-    m_full: float
-
-    @property
-    def faithfulness(self) -> float:
-        denom = self.m_full - self.m_empty
-        return float("nan") if abs(denom) < 1e-9 else (self.m_circuit - self.m_empty) / denom
+# The circuit-kept / all-ablated / none-ablated triple is the node analysis's; an edge circuit reads the same.
+EdgeFaithfulness = FaithfulnessResult
 
 
 @torch.no_grad()
