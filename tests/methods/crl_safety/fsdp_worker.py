@@ -15,49 +15,26 @@ from reprlab.models.hf import tiny_llama
 from reprlab.models.lora import add_lora
 from reprlab.train.dist import init_distributed
 
+# the reference code's CRL setting: raw states, L2 positives, batchmean KL on a retain set, no frozen cache
+CODE = dict(
+    cache_frozen=False,
+    center_states=False,
+    crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4", d_pos="l2", margin_benign=2.0, margin_harmful=3.0,
+               kl_reduction="batchmean", kl_data="retain"),
+)  # fmt: skip
+
 CASES = {
     # name: (kind, overrides); "crl_code" = the GPU recipes' settings: L2 positive, raw states, the code's KL
     # (batchmean on a retain set), no frozen cache; "crl_ours" = crl-tiny's: centred cosines, token-mean KL on the
     # benign batch, frozen cache
-    "crl_code": (
-        "crl",
-        dict(
-            cache_frozen=False,
-            center_states=False,
-            crl=CrlCfg(
-                layers_benign="1:4",
-                layers_harmful="2:4",
-                d_pos="l2",
-                margin_benign=2.0,
-                margin_harmful=3.0,
-                kl_reduction="batchmean",
-                kl_data="retain",
-            ),
-        ),
-    ),  # fmt: skip
+    "crl_code": ("crl", CODE),
     "crl_ours": (
         "crl",
         dict(cache_frozen=True, center_states=True, crl=CrlCfg(layers_benign="1:4", layers_harmful="2:4")),
     ),
     "rr": ("rr", dict(cache_frozen=False, center_states=True, crl=CrlCfg())),
     # the GPU recipes' setting: gradient checkpointing inside the FSDP units
-    "crl_code_ckpt": (
-        "crl",
-        dict(
-            cache_frozen=False,
-            center_states=False,
-            ckpt=True,
-            crl=CrlCfg(
-                layers_benign="1:4",
-                layers_harmful="2:4",
-                d_pos="l2",
-                margin_benign=2.0,
-                margin_harmful=3.0,
-                kl_reduction="batchmean",
-                kl_data="retain",
-            ),
-        ),
-    ),  # fmt: skip
+    "crl_code_ckpt": ("crl", dict(CODE, ckpt=True)),
     # the latent attack trains on full batches, identically on every rank (no communication), and is always used
     "crl_adv": (
         "crl_adv",
