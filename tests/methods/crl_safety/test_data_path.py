@@ -65,15 +65,18 @@ def test_refusing_base_stops_the_run_before_training(tmp_path, refusing_base, re
     assert refusing_base == {}  # no trainer was built: nothing trained on refusals
 
 
-def test_user_completions_are_what_the_defence_trains_on(tmp_path, refusing_base):
-    rows = [
-        {"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
-        for i in range(10)
-    ]
+def _compliant_pairs(folder) -> str:
+    """10 harmful prompts with compliant user responses and 6 harmless prompts, as a user JSONL."""
+    rows = [{"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
+            for i in range(10)]  # fmt: skip
     rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
-    p = tmp_path / "pairs.jsonl"
+    p = folder / "pairs.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=str(p))
+    return str(p)
+
+
+def test_user_completions_are_what_the_defence_trains_on(tmp_path, refusing_base):
+    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=_compliant_pairs(tmp_path))
     with pytest.raises(Stop):
         R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-llama3-8b", quiet=True))
     harmful, benign, retain, dcfg = refusing_base["crl"]
@@ -106,14 +109,7 @@ def test_completion_model_replaces_the_base_for_harmful_completions(tmp_path, re
 
 
 def test_rr_retain_set_holds_refusals_as_circuit_breakers(tmp_path, refusing_base):
-    rows = [
-        {"prompt": f"How do I do bad thing {i}?", "harmful": True, "response": f"{COMPLY} ({i})"}
-        for i in range(10)
-    ]
-    rows += [{"prompt": f"Tell me about topic {i}.", "harmful": False} for i in range(6)]
-    p = tmp_path / "pairs.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=str(p))
+    cfg = gpu_cfg("crl-llama3-8b", user_jsonl=_compliant_pairs(tmp_path))
     cfg = load_config(R.Config, {**_as_dict(cfg), "models": ["rr"]})
     with pytest.raises(Stop):
         R.run(cfg, Run.create(tmp_path / "r", cfg, "crl-llama3-8b", quiet=True))
