@@ -81,3 +81,12 @@ def test_config_demo_prints_the_demo_variant():
     result = runner.invoke(app, ["config", "smoke-digits", "--demo"])
     assert result.exit_code == 0 and "# demo variant" in result.output
     assert "# claims" in result.output and "learns: {test_acc} >= 0.85" in result.output
+
+
+def test_demo_with_an_unknown_recipe_is_an_input_error(tmp_path):
+    result = runner.invoke(app, ["demo", "--out", str(tmp_path / "d"), "--only", "nosuch"])
+    assert (
+        result.exit_code == 2
+        and "unknown recipes ['nosuch']" in result.output
+        and "Traceback" not in result.output
+    )

@@ -7,6 +7,7 @@ import time
 import traceback
 from pathlib import Path
 
+from reprlab.errors import RecipeError
 from reprlab.recipes import all_recipes
 from reprlab.report.build import run_sections
 from reprlab.report.render import render
@@ -25,7 +26,7 @@ def demo_recipes(names: list[str] | None = None) -> list[str]:
     if names:
         unknown = [n for n in names if n not in recipes]
         if unknown:
-            raise KeyError(f"unknown recipes {unknown}; available: {', '.join(sorted(recipes))}")
+            raise RecipeError(f"unknown recipes {unknown}; available: {', '.join(sorted(recipes))}")
         return names
     chosen = [r for r in recipes.values() if r.demo_order is not None]
     chosen.sort(key=lambda r: (r.demo_order, r.name))

@@ -36,7 +36,6 @@ from reprlab.runs.atomic import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
-    dir_mode,
     dumps_json,
     read_json,
 )
@@ -122,7 +121,6 @@ class Run:
         replacement = Replacement.move_aside(run_dir) if overwrite and state is FolderState.RUN else None
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(run_dir, dir_mode()) if state is FolderState.MISSING else None
             lock = RunLock.acquire(run_dir)
         except BaseException:
             if replacement is not None:
