@@ -81,6 +81,7 @@ def test_every_shipped_recipe_declares_claims_that_parse():
 
     for name, recipe in all_recipes().items():
         assert isinstance(recipe.claims(), tuple), name
+        assert recipe.claims(), f"{name} declares no claims"  # every recipe says what it exists to test
 
 
 def test_evaluate_claims_keeps_order():
