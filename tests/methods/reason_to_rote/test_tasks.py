@@ -142,3 +142,27 @@ def test_thr_generation(tmp_path):
     back = load_dataset(tmp_path / "t", validate_thr_item)
     b = tensorize(back.splits["train"], Vocab(back.manifest["vocab"], "word"))
     assert b.answer_len.eq(2).all()  # one entity token + EOS
+
+
+def test_thr_inferred_ratio_and_generic_relations():
+    """phi (Wang et al. 2024) subsamples training questions; held-out questions are the same for every phi."""
+    base = THRConfig(n_people=30, n_orgs=6, n_relations=8, test_fraction=0.1)
+    n_atomic = 6 + 7 * 30
+    tests = set()
+    for phi in (1.0, 3.0):
+        ds = generate_thr(THRConfig(**{**base.__dict__, "inferred_ratio": phi}), seed=2)
+        facts = {(it.meta["relation"], it.meta["subject"]): it.true_answer for it in ds.splits["train"]
+                 if it.kind == "fact"}  # fmt: skip
+        assert len(facts) == n_atomic and "rel7" in ds.manifest["relations"]
+        n_q = sum(it.kind == "two_hop" for it in ds.splits["train"])
+        assert n_q == round(phi * n_atomic)
+        for it in ds.splits["train"] + ds.splits["test"]:
+            if it.kind == "two_hop":
+                assert validate_thr_item(it, facts) is None
+        tests.add(tuple(it.id for it in ds.splits["test"]))
+    assert len(tests) == 1
+    # phi = 0 keeps the old data bit for bit (pinned by test_thr_generation's counts), too large a phi fails
+    with pytest.raises(ValueError, match="inferred_ratio"):
+        generate_thr(THRConfig(**{**base.__dict__, "inferred_ratio": 7.0}), seed=2)
+    with pytest.raises(ValueError, match="n_relations"):
+        THRConfig(n_relations=41)

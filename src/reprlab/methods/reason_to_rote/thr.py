@@ -6,11 +6,15 @@ Everything concrete here is **[ours]** (the paper's entity counts, templates and
 
 * generated single-token names for ``n_people`` people and ``n_orgs`` organisations;
 * relations: ``ceo`` (organisation -> person) plus the first ``n_relations - 1`` of
-  mother / mentor / spouse / friend (person -> person), each a random function with no fixed points;
+  mother / mentor / spouse / friend, then generic ``rel5``, ``rel6``, ... (person -> person), each a random
+  function with no fixed points;
 * atomic facts ``the <r> of <e> is`` -> ``<answer>``, *all* in training (the model must store them);
 * two-hop questions ``who is the <r2> of the <r1> of <e> ?`` -> ``<answer>``, split into train and held-out
   test; ``noise_rate`` of the training questions get a fixed wrong person, different from both the true
-  answer and the bridge entity, drawn once from the seed.
+  answer and the bridge entity, drawn once from the seed;
+* ``inferred_ratio`` (phi, after Wang et al. 2024, arXiv 2405.15071: the ratio of inferred to atomic facts
+  decides how fast two-hop composition generalises) subsamples the training questions to
+  ``phi * n_atomic``; the held-out questions are chosen first, so every phi is tested on the same items.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from reprlab.methods.reason_to_rote.dataset import Dataset, Item
 
 PERSON_RELATIONS = ("mother", "mentor", "spouse", "friend")
+MAX_RELATIONS = 40  # [ours] generic names rel5.. beyond the four named person relations
 TEMPLATE_WORDS = ("the", "of", "is", "who", "?")
 _ONSETS = "b c d f g h j k l m n p r s t v w z br ch dr gr kl pr st tr".split()
 _VOWELS = "a e i o u ai ea io".split()
@@ -34,21 +39,35 @@ class THRConfig:
 
     n_people: int = field(default=120, metadata={"help": "people"})
     n_orgs: int = field(default=30, metadata={"help": "organisations"})
-    n_relations: int = field(default=3, metadata={"help": "relations incl. ceo (2..5)"})
+    n_relations: int = field(
+        default=3,
+        metadata={"help": f"relations incl. ceo (2..{MAX_RELATIONS}; beyond 5 generic rel5, rel6, ...)"},
+    )
     test_fraction: float = field(default=0.2, metadata={"help": "share of two-hop questions held out"})
     noise_rate: float = field(
         default=0.05, metadata={"help": "share of training questions with a wrong answer"}
     )
+    inferred_ratio: float = field(
+        default=0.0,
+        metadata={"help": "phi [ours, after Wang et al. 2024]: keep phi * n_atomic_facts training questions "
+                          "(subsampled; held-out questions fixed first); 0 keeps all non-held-out questions"},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if not 2 <= self.n_relations <= 1 + len(PERSON_RELATIONS):
-            raise ValueError(
-                f"n_relations must be in [2, {1 + len(PERSON_RELATIONS)}], got {self.n_relations}"
-            )
+        if not 2 <= self.n_relations <= MAX_RELATIONS:
+            raise ValueError(f"n_relations must be in [2, {MAX_RELATIONS}], got {self.n_relations}")
+        if self.inferred_ratio < 0:
+            raise ValueError(f"inferred_ratio must be >= 0, got {self.inferred_ratio}")
         if self.n_people < 4 or self.n_orgs < 1:
             raise ValueError("THR needs at least 4 people and 1 organisation")
         if not 0.0 < self.test_fraction < 1.0 or not 0.0 <= self.noise_rate < 1.0:
             raise ValueError("test_fraction must be in (0, 1) and noise_rate in [0, 1)")
+
+
+def person_relations(n_relations: int) -> list[str]:
+    """The ``n_relations - 1`` person -> person relation names (named ones first, then ``rel5``, ...)."""
+    named = list(PERSON_RELATIONS[: n_relations - 1])
+    return named + [f"rel{i}" for i in range(len(PERSON_RELATIONS) + 1, n_relations)]
 
 
 def _names(n: int, rng: np.random.Generator, taken: set[str], suffix: str = "") -> list[str]:
@@ -73,10 +92,12 @@ def _derangement(n: int, rng: np.random.Generator) -> np.ndarray:
 def generate_thr(cfg: THRConfig, seed: int) -> Dataset:
     """Generate THR deterministically from ``seed``: splits ``train`` (facts + questions) and ``test``."""
     rng = np.random.default_rng(seed)
-    taken: set[str] = set(TEMPLATE_WORDS) | set(PERSON_RELATIONS) | {"ceo"}
+    taken: set[str] = (
+        set(TEMPLATE_WORDS) | set(person_relations(MAX_RELATIONS)) | set(PERSON_RELATIONS) | {"ceo"}
+    )
     people = _names(cfg.n_people, rng, taken)
     orgs = _names(cfg.n_orgs, rng, taken, suffix="labs")
-    rels = list(PERSON_RELATIONS[: cfg.n_relations - 1])
+    rels = person_relations(cfg.n_relations)
     fn: dict[str, dict[str, str]] = {"ceo": {o: people[int(rng.integers(cfg.n_people))] for o in orgs}}
     for r in rels:
         perm = _derangement(cfg.n_people, rng)
@@ -93,6 +114,15 @@ def generate_thr(cfg: THRConfig, seed: int) -> Dataset:
     order = rng.permutation(len(questions))
     n_test = max(1, round(cfg.test_fraction * len(questions)))
     test_idx, train_idx = order[:n_test], order[n_test:]
+    if cfg.inferred_ratio > 0:
+        n_keep = round(cfg.inferred_ratio * len(facts))
+        if n_keep > len(train_idx):
+            raise ValueError(
+                f"inferred_ratio={cfg.inferred_ratio} needs {n_keep} training questions, only "
+                f"{len(train_idx)} exist (phi <= {len(train_idx) / len(facts):.2f}); add relations"
+            )
+        # a separate stream: the default data (inferred_ratio=0) stays bit-identical to earlier versions
+        train_idx = np.random.default_rng([seed, 7]).permutation(train_idx)[:n_keep]
     n_noisy = round(cfg.noise_rate * len(train_idx))
     noisy = set(rng.choice(train_idx, size=n_noisy, replace=False).tolist()) if n_noisy else set()
 
@@ -110,6 +140,7 @@ def generate_thr(cfg: THRConfig, seed: int) -> Dataset:
     vocab = [*TEMPLATE_WORDS, "ceo", *rels, *people, *orgs, "<eos>", "<pad>"]
     manifest = {"task": "thr", "seed": seed, "tokenizer": "word", "vocab": vocab, "config": {**cfg.__dict__},
                 "people": people, "orgs": orgs, "relations": ["ceo", *rels], "n_noisy": n_noisy,
+                "inferred_ratio_actual": len(train_idx) / len(facts),
                 "sizes": {k: len(v) for k, v in splits.items()}}  # fmt: skip
     return Dataset(manifest=manifest, splits=splits)
 
