@@ -27,20 +27,90 @@ class AdapterSizes:
     embed_dim: int
 
 
+def clip_config(cfg, vocab_size: int):
+    """A ``transformers.CLIPConfig`` from our ``ModelConfig`` sizes (MLP width 4x, as CLIP), for training from
+    scratch; token ids 0 (pad) and 1 are inside any vocabulary (our word tokenizer has no BOS/EOS)."""
+    from transformers import CLIPConfig
+
+    return CLIPConfig(
+        text_config=dict(
+            vocab_size=vocab_size,
+            hidden_size=cfg.text_width,
+            intermediate_size=4 * cfg.text_width,
+            num_hidden_layers=cfg.text_layers,
+            num_attention_heads=cfg.text_heads,
+            max_position_embeddings=cfg.max_len,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+        ),
+        vision_config=dict(
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            hidden_size=cfg.width,
+            intermediate_size=4 * cfg.width,
+            num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads,
+        ),
+        projection_dim=cfg.embed_dim,
+    )
+
+
+def processor_stats(folder: str | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Image mean and std of a local CLIP processor folder (``preprocessor_config.json``), else the CLIP image
+    processor's defaults (OpenAI CLIP's)."""
+    import json
+    from pathlib import Path
+
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    path = Path(folder) / "preprocessor_config.json" if folder else None
+    if path is not None and path.exists():
+        pc = json.loads(path.read_text())
+        return tuple(pc.get("image_mean", OPENAI_CLIP_MEAN)), tuple(pc.get("image_std", OPENAI_CLIP_STD))
+    return tuple(OPENAI_CLIP_MEAN), tuple(OPENAI_CLIP_STD)
+
+
 class HFCLIPAdapter(nn.Module):
     """Wrap ``transformers.CLIPModel``.
 
     Args:
         clip: the model.
         max_len: caption length (defaults to the text model's ``max_position_embeddings``).
+        pixel_norm: ``(mean, std)`` per channel: inputs are then in [-1, 1] (as the trainer and the evaluation
+            give them) and are mapped to the processor's normalisation, ``((x + 1) / 2 - mean) / std``;
+            ``None``: inputs are already normalised for the model.
+        text_pool: ``"eos"`` (HF's pooled output, CLIP's EOS token) or ``"mean"`` (masked mean of the projected
+            tokens, for tokenizers without EOS, as TinyCLIP) [ours].
     """
 
-    def __init__(self, clip, max_len: int | None = None):
+    def __init__(self, clip, max_len: int | None = None, pixel_norm=None, text_pool: str = "eos"):
         super().__init__()
         self.clip = clip
         vc, tc = clip.config.vision_config, clip.config.text_config
         self.image_size = vc.image_size
         self.cfg = AdapterSizes(max_len or tc.max_position_embeddings, clip.config.projection_dim)
+        if text_pool not in ("eos", "mean"):
+            raise ValueError(f"text_pool must be 'eos' or 'mean'; got {text_pool!r}")
+        self.text_pool = text_pool
+        self.pixel_norm = pixel_norm is not None
+        mean, std = pixel_norm if pixel_norm is not None else ((0.0,) * 3, (1.0,) * 3)
+        self.register_buffer("pixel_mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    @classmethod
+    def from_config(cls, config, cfg) -> HFCLIPAdapter:
+        """A randomly initialised CLIP of ``config`` for training from scratch with our ``ModelConfig`` ``cfg``:
+        the processor's mean/std (``cfg.tokenizer``'s folder or CLIP's defaults), EOS pooling with a HF tokenizer,
+        mean pooling with our word tokenizer."""
+        from transformers import CLIPModel
+
+        return cls(
+            CLIPModel(config),
+            cfg.max_len,
+            pixel_norm=processor_stats(cfg.tokenizer or None),
+            text_pool="eos" if cfg.tokenizer else "mean",
+        )
 
     @property
     def logit_scale(self) -> nn.Parameter:
@@ -50,9 +120,12 @@ class HFCLIPAdapter(nn.Module):
         return self.clip.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
 
     def _pixels(self, images: torch.Tensor) -> torch.Tensor:
-        """Greyscale -> 3 channels and resize to the vision tower's input size."""
+        """Greyscale -> 3 channels, the processor's normalisation (with ``pixel_norm``) and resize to the vision
+        tower's input size."""
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)
+        if self.pixel_norm:
+            images = ((images + 1) / 2 - self.pixel_mean) / self.pixel_std
         if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
             images = F.interpolate(
                 images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
@@ -60,7 +133,7 @@ class HFCLIPAdapter(nn.Module):
         return images
 
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
-        """Args: images ``float (batch, C, H, W)`` already normalised for the model."""
+        """Args: images ``float (batch, C, H, W)``: in [-1, 1] with ``pixel_norm``, else normalised for the model."""
         out = self.clip.vision_model(pixel_values=self._pixels(images))
         vm = self.clip.vision_model
         patches = self.clip.visual_projection(
@@ -74,8 +147,11 @@ class HFCLIPAdapter(nn.Module):
         """Args: ids ``int64 (batch, pos)`` in the model's vocabulary, mask ``bool (batch, pos)``."""
         out = self.clip.text_model(input_ids=ids, attention_mask=mask.long())
         tokens = self.clip.text_projection(out.last_hidden_state)  # [batch, pos, d]
-        global_ = self.clip.text_projection(out.pooler_output)
         w = mask.unsqueeze(-1).to(tokens.dtype)
+        if self.text_pool == "mean":
+            global_ = (tokens * w).sum(1) / w.sum(1).clamp_min(1.0)
+        else:
+            global_ = self.clip.text_projection(out.pooler_output)
         return TextFeatures(F.normalize(global_, dim=-1), F.normalize(tokens, dim=-1) * w, mask)
 
 

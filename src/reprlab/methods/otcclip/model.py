@@ -19,8 +19,26 @@ from torch import nn
 LOGIT_SCALE_MAX = math.log(100.0)  # clamp as in CLIP / RoCLIP code
 
 
+ARCHS = ("tiny", "hf_clip", "open_clip:<name>")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
+    arch: str = field(
+        default="tiny",
+        metadata={
+            "help": "'tiny' (our TinyCLIP), 'hf_clip' (a transformers CLIPModel built from the sizes below, random "
+            "init: ViT-B/32 = image 224, patch 32, width 768, 12 layers, 12 heads; text 512, 12 layers, 8 heads; "
+            "embed 512) or 'open_clip:<name>' (needs open-clip-torch; not available here)"
+        },
+    )
+    tokenizer: str = field(
+        default="",
+        metadata={
+            "help": "hf_clip only: a local Hugging Face tokenizer folder (CLIP's BPE; text pooled at EOS, as CLIP); "
+            "'' = our word tokenizer built from the captions, text mean-pooled [ours]"
+        },
+    )
     image_size: int = field(default=56, metadata={"help": "input side in pixels"})
     patch_size: int = field(
         default=7, metadata={"help": "ViT patch side; (image_size/patch_size)^2 patch tokens"}
@@ -116,3 +134,41 @@ class TinyCLIP(nn.Module):
     def scale(self) -> torch.Tensor:
         """exp(t) with t clamped at ln 100."""
         return self.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, in_channels: int = 1) -> nn.Module:
+    """The model ``cfg.arch`` names, randomly initialised from the current torch seed.
+
+    Raises:
+        ConfigError: an unknown arch. ModelNotAvailableError: ``open_clip:<name>`` without open-clip-torch.
+    """
+    from reprlab.errors import ConfigError
+
+    if cfg.arch == "tiny":
+        return TinyCLIP(cfg, vocab_size, in_channels)
+    if cfg.arch == "hf_clip":
+        from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, clip_config
+
+        return HFCLIPAdapter.from_config(clip_config(cfg, vocab_size), cfg)
+    if cfg.arch.startswith("open_clip:"):
+        return _open_clip(cfg.arch.partition(":")[2])
+    raise ConfigError(f"model.arch {cfg.arch!r} is not one of {list(ARCHS)}")
+
+
+def _open_clip(name: str) -> nn.Module:
+    """An open_clip architecture [issue 11 item 5], imported only when asked for."""
+    from reprlab.errors import ConfigError, ModelNotAvailableError
+
+    try:
+        import open_clip  # noqa: F401
+    except Exception as err:  # ImportError, or torchvision failing to load beside this torch build
+        raise ModelNotAvailableError(
+            f"model.arch open_clip:{name} needs the open-clip-torch package, which cannot be imported here "
+            f"({type(err).__name__}: {err})",
+            hint="pip install open-clip-torch with a torchvision built for this torch, or use model.arch=hf_clip "
+            "(same ViT-B/32 sizes through transformers)",
+        ) from err
+    raise ConfigError(
+        f"model.arch open_clip:{name}: open_clip imports, but reprlab has no adapter exposing its patch and "
+        "token features yet; use model.arch=hf_clip"
+    )

@@ -25,7 +25,7 @@ import torch
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP, build_model
 from reprlab.methods.otcclip.mosaic import (
     BACKDOOR,
     TARGETED,
@@ -38,6 +38,7 @@ from reprlab.methods.otcclip.mosaic import (
 )
 from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
+from reprlab.methods.otcclip.stream import StreamConfig
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, DefenseConfig, TrainConfig, Trainer
 from reprlab.report import Section
@@ -59,7 +60,10 @@ MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = (
 class DataConfig:
     testbed: str = field(
         default="fashion_mnist",
-        metadata={"help": "'fashion_mnist' (real items) or 'shapes' (generated, tint recommended)"},
+        metadata={
+            "help": "'fashion_mnist' (real items), 'shapes' (generated, tint recommended) or 'none' (train on "
+            "stream.source only; no zero-shot / probe / ASR evaluation)"
+        },
     )
     n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
     min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
@@ -109,6 +113,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     defense: DefenseConfig = field(default_factory=DefenseConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
 
 
 @dataclass
@@ -203,7 +208,7 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
     """Train and evaluate one defense, resuming from its last epoch checkpoint."""
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     channels = bed.pairs.images.shape[1]
-    model = TinyCLIP(cfg.model, len(tok), channels).to(run.device)
+    model = build_model(cfg.model, len(tok), channels).to(run.device)
     trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed)
     start, history = 0, []
     if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
@@ -234,6 +239,31 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
     return {"metrics": final, "examples": examples}
 
 
+def streaming(cfg: Config) -> bool:
+    """Whether the run trains from a stream (``stream.source`` or ``stream.write_shards``)."""
+    return bool(cfg.stream.source) or cfg.stream.write_shards
+
+
+def preflight(cfg: Config) -> None:
+    """Checks that need no work, before a run folder exists: the stream's source exists and is readable data,
+    the model's architecture is available."""
+    from reprlab.methods.otcclip.stream import open_source
+
+    if cfg.stream.source and cfg.stream.write_shards:
+        raise ConfigError("give stream.source or stream.write_shards, not both")
+    if cfg.data.testbed == "none" and not cfg.stream.source:
+        raise ConfigError(
+            "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "
+            "of webdataset .tar shards (e.g. CC3M written by img2dataset) or a CSV/TSV/JSONL of (image, caption)"
+        )
+    if cfg.stream.source:
+        open_source(cfg.stream.source, cfg.stream.image_root)
+    if cfg.model.arch.startswith("open_clip:"):
+        build_model(cfg.model, 2)  # raises ModelNotAvailableError saying why
+    elif cfg.model.arch not in ("tiny", "hf_clip"):
+        raise ConfigError(f"model.arch {cfg.model.arch!r} is not 'tiny', 'hf_clip' or 'open_clip:<name>'")
+
+
 def run(cfg: Config, run: Run) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -241,6 +271,9 @@ def run(cfg: Config, run: Run) -> dict:
         if d not in AVAILABLE_DEFENSES:
             raise ConfigError(f"unknown defense {d!r} in defenses; choose from {AVAILABLE_DEFENSES}")
     seed_everything(cfg.seed)
+    if streaming(cfg):
+        preflight(cfg)  # again: library callers of run() skip the runner's hook
+        return run_stream(cfg, run)
     bed = build_testbed(cfg.data, cfg.seed)
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     if run.is_main:
@@ -281,6 +314,155 @@ def run(cfg: Config, run: Run) -> dict:
         run.save_json("analysis/audit.json", audit)
         summary.update({f"audit.{k}": v for k, v in audit.items() if not isinstance(v, dict | list)})
     return summary
+
+
+# ---------------------------------------------------------------------- the streamed path
+def run_stream(cfg: Config, run: Run) -> dict:
+    """Train every defense from a stream (``stream``'s docstring): the testbed written as shards by a first
+    stage (``stream.write_shards``) or the user's ``stream.source``; evaluate on the testbed's held-out sets."""
+    from reprlab.methods.otcclip.shards import write_shards
+    from reprlab.methods.otcclip.stream import ShardSource, open_source, vocabulary_texts
+    from reprlab.train.dist import init_distributed
+
+    dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
+    sc = cfg.stream
+    bed = build_testbed(cfg.data, cfg.seed) if cfg.data.testbed != "none" else None
+    if sc.write_shards:
+        shard_dir = run.dir / "shards"
+
+        def write() -> dict:
+            if run.is_main:
+                write_shards(bed.pairs, shard_dir, sc.shard_size)
+            return {"n_samples": len(bed.pairs), "shard_size": sc.shard_size}
+
+        run.stage("shards", write)
+        if dist.enabled:
+            torch.distributed.barrier()  # rank 0 wrote them
+        source = ShardSource(shard_dir)
+    else:
+        source = open_source(sc.source, sc.image_root)
+    if cfg.model.tokenizer:
+        from transformers import AutoTokenizer
+
+        from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
+
+        tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(cfg.model.tokenizer))
+    elif sc.write_shards:
+        tok = WordTokenizer.from_texts(bed.pairs.captions)  # the in-memory path's vocabulary
+    else:
+        names = bed.pairs.class_names if bed else ()
+        tok = WordTokenizer.from_texts(
+            vocabulary_texts(source, sc.vocab_samples, names, prompts=bed is not None)
+        )
+    if run.is_main and isinstance(tok, WordTokenizer):
+        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        tok.save(run.dir / "artifacts" / "tokenizer.json")
+    n_samples = sc.n_samples or source.count()
+    channels = _source_channels(source, bed)
+    data_info = {
+        "source": str(sc.source or run.dir / "shards"),
+        "streamed": True,
+        "n_pairs": n_samples,
+        "vocab": len(tok),
+        "testbed": cfg.data.testbed,
+        "slots": sc.slots,
+        "num_workers": sc.num_workers,
+        "window_batches": sc.window_batches,
+    }
+    if bed is not None:
+        kinds = bed.pairs.kind if sc.write_shards else None
+        data_info.update(_testbed_info(cfg, bed, kinds))
+    run.save_json("analysis/data.json", data_info)
+    summary: dict[str, float | int | str] = {"n_pairs": n_samples}
+    if "poison_rate" in data_info:
+        summary["poison_rate"] = data_info["poison_rate"]
+    results = {}
+    for defense in cfg.defenses:
+        res = run.stage(
+            defense,
+            lambda d=defense: train_defense_stream(d, cfg, run, bed, tok, source, n_samples, channels, dist),
+        )
+        results[defense] = res["metrics"]
+        run.save_json(f"analysis/examples_{defense}.json", res["examples"])
+        for key, value in res["metrics"].items():
+            summary[f"{defense}.{key}"] = value
+    run.save_json("analysis/results.json", results)
+    return summary
+
+
+def _source_channels(source, bed: Testbed | None) -> int:
+    """Image channels of the data: the testbed's, else manifest.json's image shape, else RGB."""
+    from reprlab.methods.otcclip.shards import MANIFEST
+
+    if bed is not None:
+        return int(bed.pairs.images.shape[1])
+    shards = getattr(source, "shards", None)
+    if shards and (shards[0].parent / MANIFEST).exists():
+        shape = json.loads((shards[0].parent / MANIFEST).read_text()).get("image_shape")
+        if shape:
+            return int(shape[0])
+    return 3
+
+
+def _testbed_info(cfg: Config, bed: Testbed, kinds: torch.Tensor | None) -> dict:
+    """The report's data fields for the testbed (poison counts only when the stream is the testbed itself)."""
+    out = {
+        "n_eval": len(bed.eval_set.labels),
+        "targets": [
+            {"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
+            for t, g in zip(bed.targets.true, bed.targets.target)
+        ],
+        "backdoor_target": cfg.data.backdoor_target,
+        "trigger": cfg.data.trigger,
+    }
+    if kinds is not None:
+        out.update(
+            n_clean=int((kinds == 0).sum()),
+            n_targeted=int((kinds == TARGETED).sum()),
+            n_backdoor=int((kinds == BACKDOOR).sum()),
+            poison_rate=float((kinds != 0).float().mean()),
+            caption_examples=bed.pairs.captions[:5],
+        )
+    return out
+
+
+def train_defense_stream(defense, cfg: Config, run: Run, bed, tok, source, n_samples, channels, dist) -> dict:
+    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it."""
+    from reprlab.methods.otcclip.stream import StreamTrainer
+
+    torch.manual_seed(cfg.seed)  # same initial weights for every defense
+    model = build_model(cfg.model, len(tok), channels).to(run.device)
+    trainer = StreamTrainer(
+        model, source, tok, defense, cfg.train, cfg.defense, cfg.seed, cfg.stream, n_samples, dist=dist
+    )
+    start, history = 0, []
+    if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
+        start, extra = state
+        history, trainer.examples = extra["history"], extra["examples"]
+    for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
+        stats = trainer.run_epoch(epoch)
+        if bed is not None:
+            stats.update(evaluate_model(model, tok, bed, cfg, probe=False))
+        history.append(stats)
+        run.log(epoch, defense=defense, **stats)
+        run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
+        run.save_checkpoint(
+            epoch + 1,
+            trainer.modules(),
+            trainer.optimizers(),
+            extra={"history": history, "examples": trainer.examples},
+            tag=defense,
+        )
+    final = evaluate_model(model, tok, bed, cfg, probe=True) if bed is not None else {}
+    final["final_loss"] = history[-1]["loss"] if history else float("nan")
+    matches = [h for h in history if "rematch_poison_moved" in h]
+    if matches:
+        final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
+        final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
+    splits = [h for h in history if "poison_in_risky" in h]
+    if splits:
+        final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
+    return {"metrics": final, "examples": trainer.examples}
 
 
 def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> dict:
@@ -344,21 +526,32 @@ def report_sections(run_dir: Path) -> list[Section]:
     rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
     sections = []
     gate = results.get("none", {})
-    notes = [
-        f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with generated "
-        "compositional captions, "
-        f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
-        f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
-        + (
-            "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
-            if data.get("testbed", "fashion_mnist") == "fashion_mnist"
-            else "GENERATED shapes data (not real images)."
-        ),
-        "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
-        "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
-        "kept on a same-content caption, in the last matching epoch [ours].",
-    ]
-    if gate:
+    notes = (
+        []
+        if "n_clean" not in data
+        else [
+            f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with generated "
+            "compositional captions, "
+            f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
+            f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
+            + (
+                "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
+                if data.get("testbed", "fashion_mnist") == "fashion_mnist"
+                else "GENERATED shapes data (not real images)."
+            ),
+            "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
+            "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
+            "kept on a same-content caption, in the last matching epoch [ours].",
+        ]
+    )
+    if data.get("streamed"):
+        notes.insert(
+            0,
+            f"Streamed training data [ours]: {data['n_pairs']} pairs from {data['source']} ({data['slots']} slots, "
+            f"{data['num_workers']} DataLoader workers per rank, windows of {data['window_batches']} global batches: "
+            "shuffling and SafeCLIP-style splits work per window).",
+        )
+    if gate and "asr_targeted" in gate:
         attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
         notes.append(
             f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
@@ -410,7 +603,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         for d in defenses:
             pts = [r for r in log if r.get("defense") == d]
             for ax, k in zip(axes, ("zeroshot_acc", "asr_targeted", "asr_backdoor")):
-                ax.plot([r["epoch"] for r in pts], [r[k] for r in pts], marker="o", ms=3, label=d)
+                ax.plot([r["epoch"] for r in pts], [r.get(k, np.nan) for r in pts], marker="o", ms=3, label=d)
                 ax.set_title(k)
                 ax.set_xlabel("epoch")
         axes[0].legend(fontsize=8)

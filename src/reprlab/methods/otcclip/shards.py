@@ -112,8 +112,11 @@ def shard_paths(source: Path | str) -> list[Path]:
     return paths
 
 
-def read_samples(path: Path) -> Iterator[dict]:
-    """Samples of one shard, in order, reading the tar sequentially (streaming mode)."""
+IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "bmp")
+
+
+def read_members(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(key, {extension: bytes})`` per sample of one shard, in order, reading the tar sequentially."""
     key, parts = None, {}
     with tarfile.open(path, "r|") as tf:
         for member in tf:
@@ -122,22 +125,47 @@ def read_samples(path: Path) -> Iterator[dict]:
             name = Path(member.name).name
             k, _, ext = name.partition(".")
             if key is not None and k != key:
-                yield _sample(key, parts, path)
+                yield key, parts
                 parts = {}
             key = k
             parts[ext.lower()] = tf.extractfile(member).read()
     if key is not None:
+        yield key, parts
+
+
+def split_sample(parts: dict[str, bytes]) -> tuple[bytes | None, str | None, dict]:
+    """A sample's ``(image bytes, caption, metadata)``; the caption is the ``.txt`` member, else the
+    ``caption``/``text`` field of the ``.json`` member (the img2dataset layout). ``None`` where absent.
+
+    Raises:
+        UnicodeDecodeError, ValueError: a caption that is not UTF-8, a ``.json`` member that is not JSON.
+    """
+    image = next((parts[e] for e in IMAGE_MEMBERS if e in parts), None)
+    meta = json.loads(parts["json"]) if "json" in parts else {}
+    meta = meta if isinstance(meta, dict) else {}
+    if "txt" in parts:
+        caption = parts["txt"].decode("utf-8")
+    else:
+        caption = next((str(meta[k]) for k in ("caption", "text") if meta.get(k) is not None), None)
+    return image, caption, meta
+
+
+def read_samples(path: Path) -> Iterator[dict]:
+    """Samples of one shard, in order, reading the tar sequentially (streaming mode)."""
+    for key, parts in read_members(path):
         yield _sample(key, parts, path)
 
 
 def _sample(key: str, parts: dict[str, bytes], path: Path) -> dict:
-    if "png" not in parts or "txt" not in parts:
-        raise ValueError(f"{path.name}: sample {key!r} lacks a .png or .txt member (has {sorted(parts)})")
-    meta = json.loads(parts["json"]) if "json" in parts else {}
+    image, caption, meta = split_sample(parts)
+    if image is None or caption is None:
+        raise ValueError(
+            f"{path.name}: sample {key!r} lacks an image or a caption member (has {sorted(parts)})"
+        )
     return {
         "key": key,
-        "image": _decode_png(parts["png"]),
-        "caption": parts["txt"].decode("utf-8"),
+        "image": _decode_png(image),
+        "caption": caption,
         "index": int(meta.get("index", -1)),
         "kind": int(meta.get("kind", 0)),
     }

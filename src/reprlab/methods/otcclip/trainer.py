@@ -128,19 +128,25 @@ class Trainer:
         seed: int,
         dist: DistInfo | None = None,
     ):
+        self._setup(model, tokenizer, defense, train, defense_cfg, seed, dist)
+        self.data = data
+        self.ids, self.mask = tokenizer.encode(data.captions, self.max_len)
+        self.poison = data.kind != 0
+        self.state = _State(len(data)).to(self.device)
+        if train.batch_size > len(data):
+            raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
+        self.steps_per_epoch = len(data) // train.batch_size
+
+    def _setup(self, model, tokenizer, defense, train, defense_cfg, seed, dist) -> None:
+        """What every trainer holds whatever its data: defense, model, bank, optimiser."""
         self.impl = make_defense(defense, defense_cfg)
-        self.model, self.data, self.defense = model, data, defense
+        self.model, self.defense = model, defense
         self.tcfg, self.dcfg, self.seed = train, defense_cfg, seed
         self.dist = dist or DistInfo()
         self.device = next(model.parameters()).device
         self.max_len = model.cfg.max_len
         self.tokenizer = tokenizer
-        self.ids, self.mask = tokenizer.encode(data.captions, self.max_len)
-        self.poison = data.kind != 0
         self.bank = CaptionBank(defense_cfg.bank_size, self.max_len, model.cfg.embed_dim).to(self.device)
-        self.state = _State(len(data)).to(self.device)
-        if train.batch_size > len(data):
-            raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
         shard(train.batch_size, self.dist.rank, self.dist.world_size)  # validates divisibility
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "cls" not in n]
         other = [
@@ -150,7 +156,6 @@ class Trainer:
             [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}],
             lr=train.lr,
         )
-        self.steps_per_epoch = len(data) // train.batch_size
         self.examples: list[dict] = []
         self._record = False
 
@@ -172,16 +177,10 @@ class Trainer:
         """Train one epoch; returns mean loss (and terms), phase and the defense's diagnostics."""
         phase = self.phase(epoch)
         stats = {"epoch": epoch, "phase": phase}
-        stats.update(self.impl.start_epoch(self, epoch, phase))
-        order = torch.randperm(
-            len(self.data), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch)
-        )
         counts = torch.zeros(4, dtype=torch.long)  # poison, poison moved, clean, clean kept
         self._record = epoch == self._last_match_epoch()
         losses, terms, ot_err, ot_conv = [], {}, [], []
-        b = self.tcfg.batch_size
-        for step in range(self.steps_per_epoch):
-            idx = order[step * b : (step + 1) * b]
+        for step, idx in enumerate(self.global_batches(epoch, phase, stats)):
             out = self.step(idx, epoch, step, phase)
             losses.append(out.loss)
             for k, v in out.terms.items():
@@ -215,6 +214,17 @@ class Trainer:
                     stacklevel=2,
                 )
         return stats
+
+    def global_batches(self, epoch: int, phase: str, stats: dict):
+        """The epoch's global batches as index tensors ``(batch,)`` into ``self.data``; runs the defense's
+        epoch-start action first and adds its stats to ``stats``."""
+        stats.update(self.impl.start_epoch(self, epoch, phase))
+        order = torch.randperm(
+            len(self.data), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        )
+        b = self.tcfg.batch_size
+        for step in range(self.steps_per_epoch):
+            yield order[step * b : (step + 1) * b]
 
     def _last_match_epoch(self) -> int:
         matches = [e for e in range(self.tcfg.epochs) if self.phase(e) in self.impl.match_phases]

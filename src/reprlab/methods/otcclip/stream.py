@@ -1,0 +1,602 @@
+"""Training from streamed image-caption data: webdataset-layout shards or a CSV/TSV/JSONL table of (image path,
+caption), read by DataLoader workers, never all in RAM [ours; issue 11 item 5].
+
+**Slots.** The data is split into ``slots`` logical sub-streams: a shard source gives slot ``s`` the shards
+``order[s::slots]`` (``order`` permuted per epoch with ``shuffle_shards``), a table gives it rows ``i`` with
+``i % slots == s``. Each slot yields minibatches of ``batch_size / slots`` samples (after an optional per-slot
+shuffle buffer seeded by (seed, epoch, slot)); global round ``j`` is the concatenation of every slot's ``j``-th
+minibatch in slot order. Ranks own contiguous blocks of slots and DataLoader workers split a rank's slots, so
+the sequence of global rounds depends on ``slots`` only, not on the number of ranks or workers (tested: 2
+torchrun ranks against one process). An epoch ends when the first slot runs out (the rest is dropped, like
+``drop_last``); give slots equal shares (shard count a multiple of ``slots``).
+
+**Windows** [ours]. The trainer gathers ``window_batches`` rounds from all ranks into a window (uint8 images at
+the model's input size plus token ids; memory = one window per rank), shuffles them with a generator seeded by
+(seed, epoch, window) and trains on them exactly as the in-memory :class:`~.trainer.Trainer` trains on its
+whole dataset: with one window covering the data, both trainers give bitwise-equal weights (tested). What a
+defense does to "the dataset" happens per window: SafeCLIP-style splits fit their mixture / ratio on the
+window's pair cosines, not on all pairs. OTCCLIP and RoCLIP-style re-matching need no change: their pool is
+the global batch plus the FIFO caption bank, filled with features gathered from all ranks, which is already a
+streaming structure (a larger ``defense.bank_size`` widens the pool; it never holds images).
+
+**Preprocessing** is the model's own (:func:`model_transform`): workers decode, resize the shorter side to
+the model's input size (bicubic, as CLIP's processor) and centre-crop, keeping ``uint8``; the trainer's
+augmentation maps to [-1, 1] and the model maps that to its own normalisation (TinyCLIP: [-1, 1] itself; the
+Hugging Face adapter: its processor's mean and std). An image already at the input size is not resampled, so
+shards of our mosaics stream back the exact pixels.
+
+Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON) are
+skipped and counted per reason; the counts are logged per epoch as ``data_skipped_<reason>``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zlib
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from reprlab.errors import ConfigError, DataError, DataFileMissingError
+from reprlab.methods.otcclip import shards as sh
+from reprlab.methods.otcclip.datasets import CAPTION_COLS, IMAGE_COLS, MAX_CAPTION_CHARS
+from reprlab.methods.otcclip.mosaic import FASHION_MNIST_CLASSES
+from reprlab.methods.otcclip.trainer import Trainer
+from reprlab.train.dist import all_gather_nograd
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    source: str = field(
+        default="",
+        metadata={
+            "help": "training data to stream: a folder of webdataset .tar shards, one .tar, or a CSV/TSV/JSONL of "
+            "(image path, caption); '' = the in-memory testbed (or the shards written by write_shards)"
+        },
+    )
+    write_shards: bool = field(
+        default=False,
+        metadata={
+            "help": "[ours] first stage: write the recipe's poisoned testbed as shards into <run>/shards "
+            "(as `reprlab otcclip make-shards`) and train by streaming them"
+        },
+    )
+    shard_size: int = field(
+        default=265, metadata={"help": "samples per shard written by write_shards", "ge": 1}
+    )
+    image_root: str = field(
+        default="",
+        metadata={"help": "folder a table's image paths are relative to ('' = the table's folder)"},
+    )
+    slots: int = field(
+        default=2,
+        metadata={
+            "help": "[ours] logical sub-streams; fixes the data order whatever the ranks and workers (must divide "
+            "train.batch_size, be a multiple of the world size, and not exceed the shard count)",
+            "ge": 1,
+        },
+    )
+    num_workers: int = field(
+        default=2,
+        metadata={"help": "DataLoader workers per rank (must divide the rank's slots; 0 = in-process)"},
+    )
+    window_batches: int = field(
+        default=10,
+        metadata={
+            "help": "[ours] global batches per window: the unit of shuffling and of SafeCLIP-style splits; "
+            "memory holds one window of images per rank",
+            "ge": 1,
+        },
+    )
+    shuffle_shards: bool = field(default=True, metadata={"help": "permute the shard order every epoch"})
+    shuffle_buffer: int = field(
+        default=0, metadata={"help": "per-slot shuffle buffer in samples [ours; 0 = file order]", "ge": 0}
+    )
+    n_samples: int = field(
+        default=0,
+        metadata={
+            "help": "samples per epoch for the learning-rate schedule (0 = manifest.json's n_samples, or one "
+            "counting pass over a table / the shards)",
+            "ge": 0,
+        },
+    )
+    vocab_samples: int = field(
+        default=200_000,
+        metadata={
+            "help": "[ours] captions read (text only) to build the word vocabulary of a user source",
+            "ge": 1,
+        },
+    )
+
+
+# ---------------------------------------------------------------------- preprocessing
+@dataclass(frozen=True)
+class ImageTransform:
+    """Decode to ``uint8 (channels, size, size)``: shorter side resized to ``size`` (bicubic), centre crop."""
+
+    size: int
+    channels: int
+
+    def __call__(self, src: bytes | Path) -> torch.Tensor:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+            im = im.convert("L" if self.channels == 1 else "RGB")
+            w, h = im.size
+            if (w, h) != (self.size, self.size):
+                s = self.size / min(w, h)
+                nw, nh = max(self.size, round(w * s)), max(self.size, round(h * s))
+                im = im.resize((nw, nh), Image.Resampling.BICUBIC)
+                left, top = (nw - self.size) // 2, (nh - self.size) // 2
+                im = im.crop((left, top, left + self.size, top + self.size))
+            arr = np.array(im, dtype=np.uint8)
+        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def model_transform(model) -> ImageTransform:
+    """The model's own input geometry: TinyCLIP's ``image_size`` and channel count; a Hugging Face CLIP's
+    vision ``image_size`` in RGB (its mean/std are applied inside the adapter)."""
+    if hasattr(model, "patch_embed"):
+        return ImageTransform(model.cfg.image_size, model.patch_embed.in_channels)
+    return ImageTransform(model.image_size, 3)
+
+
+# ---------------------------------------------------------------------- sources
+class ShardSource:
+    """Webdataset-layout shards (a folder, one ``.tar`` or a list)."""
+
+    def __init__(self, source: str | Path | list):
+        self.shards = sh.shard_paths(source) if isinstance(source, str | Path) else [Path(p) for p in source]
+        self.name = str(source)
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def items(self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter):
+        """``(name, image bytes, caption, metadata)`` of the slot's shards; unreadable members are counted."""
+        order = list(range(len(self.shards)))
+        if shuffle:
+            order = np.random.default_rng([seed, epoch]).permutation(order).tolist()
+        for i in order[slot::slots]:
+            path = self.shards[i]
+            try:
+                for key, parts in sh.read_members(path):
+                    try:
+                        image, caption, meta = sh.split_sample(parts)
+                    except UnicodeDecodeError:
+                        skip["non_utf8"] += 1
+                        continue
+                    except ValueError:
+                        skip["bad_row"] += 1
+                        continue
+                    yield f"{path.name}:{key}", image, caption, meta
+            except (OSError, EOFError, sh.tarfile.TarError):
+                skip["unreadable_shard"] += 1
+
+    def count(self) -> int:
+        """Samples in the shards: manifest.json's count when present, else one pass over the members."""
+        manifest = self.shards[0].parent / sh.MANIFEST
+        if manifest.exists():
+            m = json.loads(manifest.read_text())
+            if sorted(m.get("shards", [])) == sorted(p.name for p in self.shards):
+                return int(m["n_samples"])
+        return sum(1 for p in self.shards for _ in sh.read_members(p))
+
+    def captions(self, limit: int) -> list[str]:
+        out: list[str] = []
+        for _, _, caption, _ in self.items(0, 1, 0, 0, False, Counter()):
+            if caption:
+                out.append(caption)
+            if len(out) >= limit:
+                break
+        return out
+
+
+class TableSource:
+    """A CSV/TSV/JSONL of (image path, caption), read line by line (image paths relative to ``root``)."""
+
+    def __init__(self, path: str | Path, root: str | Path | None = None):
+        self.path = Path(path)
+        self.root = Path(root) if root else self.path.parent
+        self.name = str(path)
+        self.delim = "\t" if self.path.suffix == ".tsv" else ","
+        self.cols = self._header() if self.path.suffix != ".jsonl" else None
+
+    def __len__(self) -> int:
+        return 1
+
+    def _header(self) -> tuple[int, int]:
+        with open(self.path, "rb") as f:
+            line = f.readline().removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
+        if not line.strip():
+            raise DataError(
+                f"{self.path}: empty file; expected a header line with an image and a caption column"
+            )
+        header = [h.strip() for h in next(csv.reader([line], delimiter=self.delim))]
+        img = next((header.index(c) for c in IMAGE_COLS if c in header), None)
+        cap = next((header.index(c) for c in CAPTION_COLS if c in header), None)
+        if img is None or cap is None:
+            raise DataError(
+                f"{self.path}: no {'image' if img is None else 'caption'} column in the header {header}; expected "
+                f"one of {list(IMAGE_COLS)} for the image path and one of {list(CAPTION_COLS)} for the caption"
+            )
+        return img, cap
+
+    def _rows(self, skip: Counter):
+        """``(row number, image path or None, caption or None)`` of every data row."""
+        big = csv.field_size_limit()
+        csv.field_size_limit(2**31 - 1)  # over-long captions are counted below, not a csv.Error
+        try:
+            with open(self.path, "rb") as f:
+                if self.cols is not None:
+                    f.readline()
+                for n, raw in enumerate(f):
+                    try:
+                        line = raw.decode("utf-8").rstrip("\r\n")
+                    except UnicodeDecodeError:
+                        skip["non_utf8"] += 1
+                        continue
+                    if not line.strip():
+                        continue
+                    if self.cols is None:
+                        try:
+                            obj = json.loads(line)
+                        except ValueError:
+                            skip["bad_row"] += 1
+                            continue
+                        if not isinstance(obj, dict):
+                            skip["bad_row"] += 1
+                            continue
+                        path = next((str(obj[k]) for k in IMAGE_COLS if obj.get(k) is not None), None)
+                        cap = next((str(obj[k]) for k in CAPTION_COLS if obj.get(k) is not None), None)
+                        yield n, path, cap
+                        continue
+                    try:
+                        fields = next(csv.reader([line], delimiter=self.delim))
+                    except csv.Error:
+                        skip["bad_row"] += 1
+                        continue
+                    if len(fields) <= max(self.cols):
+                        skip["short_row"] += 1
+                        continue
+                    yield n, fields[self.cols[0]], fields[self.cols[1]]
+        finally:
+            csv.field_size_limit(big)
+
+    def items(self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter):
+        for n, path, cap in self._rows(skip if slot == 0 else Counter()):  # row-level skips counted once
+            if n % slots != slot:
+                continue
+            if path is None or not path.strip():
+                skip["missing_image_path"] += 1
+                continue
+            yield f"{self.path.name}:{n + 1}", self.root / path, cap, {"index": n}
+
+    def count(self) -> int:
+        return sum(1 for _ in self._rows(Counter()))
+
+    def captions(self, limit: int) -> list[str]:
+        out: list[str] = []
+        for _, _, cap in self._rows(Counter()):
+            if cap and cap.strip():
+                out.append(cap)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def open_source(source: str | Path, image_root: str = "", key: str = "stream.source"):
+    """A :class:`ShardSource` or :class:`TableSource` for ``source``.
+
+    Raises:
+        DataFileMissingError: ``source`` does not exist (the message names ``key``). DataError: not a table,
+        a ``.tar`` or a folder of them.
+    """
+    path = Path(source)
+    if not str(source):
+        raise ConfigError(
+            f"{key} is empty: give a folder of .tar shards or a CSV/TSV/JSONL of (image, caption)"
+        )
+    if not path.exists():
+        raise DataFileMissingError(
+            f"{key}: {path} does not exist",
+            hint="point it at a folder of webdataset .tar shards (e.g. written by img2dataset or "
+            "`reprlab otcclip make-shards`) or at a CSV/TSV/JSONL of (image path, caption)",
+        )
+    if path.suffix in TABLE_SUFFIXES:
+        return TableSource(path, image_root or None)
+    if path.is_dir() or path.suffix == ".tar":
+        try:
+            return ShardSource(path)
+        except FileNotFoundError as err:
+            raise DataFileMissingError(f"{key}: {err}") from err
+    raise DataError(f"{key}: {path} is not a .tar shard, a folder of them or a .csv/.tsv/.jsonl table")
+
+
+# ---------------------------------------------------------------------- the worker-side dataset
+class SlotStream(IterableDataset):
+    """Minibatches of one rank's slots (module docstring). Each item is a dict: ``slot``, ``round``,
+    ``images uint8 (m, C, S, S)``, ``ids``/``mask (m, max_len)``, ``sig``/``kind``/``index (m,)``, ``skipped``
+    (a Counter since the previous item); or ``{"slot": s, "end": True}`` once slot ``s`` has no full
+    minibatch left."""
+
+    def __init__(self, source, slots: list[int], n_slots: int, per_slot: int, transform: ImageTransform,
+                 tokenizer, max_len: int, seed: int, shuffle_shards: bool, shuffle_buffer: int):  # fmt: skip
+        super().__init__()
+        self.source, self.slots, self.n_slots, self.per_slot = source, slots, n_slots, per_slot
+        self.transform, self.tokenizer, self.max_len = transform, tokenizer, max_len
+        self.seed, self.shuffle_shards, self.shuffle_buffer = seed, shuffle_shards, shuffle_buffer
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _samples(self, slot: int, skip: Counter) -> Iterator[tuple[torch.Tensor, str, dict]]:
+        for _name, image, caption, meta in self.source.items(
+            slot, self.n_slots, self.seed, self.epoch, self.shuffle_shards, skip
+        ):
+            if caption is None:
+                skip["missing_caption"] += 1
+                continue
+            if not caption.strip():
+                skip["empty_caption"] += 1
+                continue
+            if len(caption) > MAX_CAPTION_CHARS:
+                skip["caption_too_long"] += 1
+                continue
+            if image is None or (isinstance(image, Path) and not image.exists()):
+                skip["missing_image"] += 1
+                continue
+            try:
+                pixels = self.transform(image)
+            except Exception:  # PIL raises many types for corrupt files
+                skip["unreadable_image"] += 1
+                continue
+            yield pixels, caption.strip(), meta
+
+    def _shuffled(self, slot: int, skip: Counter):
+        samples = self._samples(slot, skip)
+        if self.shuffle_buffer <= 0:
+            yield from samples
+            return
+        rng = np.random.default_rng([self.seed, self.epoch, slot, 17])
+        buf: list = []
+        for s in samples:
+            if len(buf) < self.shuffle_buffer:
+                buf.append(s)
+                continue
+            j = int(rng.integers(len(buf)))
+            yield buf[j]
+            buf[j] = s
+        rng.shuffle(buf)
+        yield from buf
+
+    def _batch(self, slot: int, rnd: int, rows: list, skip: Counter) -> dict:
+        ids, mask = self.tokenizer.encode([c for _, c, _ in rows], self.max_len)
+        meta = [m for _, _, m in rows]
+        out = {
+            "slot": slot,
+            "round": rnd,
+            "images": torch.stack([p for p, _, _ in rows]),
+            "ids": ids,
+            "mask": mask,
+            "sig": torch.tensor([int(m["sig"]) if "sig" in m else _caption_sig(c) for _, c, m in rows]),
+            "kind": torch.tensor([int(m.get("kind", 0)) for m in meta]),
+            "index": torch.tensor([int(m.get("index", -1)) for m in meta]),
+            "skipped": Counter(skip),
+        }
+        skip.clear()
+        return out
+
+    def __iter__(self):
+        info = get_worker_info()
+        mine = self.slots if info is None else self.slots[info.id :: info.num_workers]
+        skips = {s: Counter() for s in mine}
+        streams = {s: self._shuffled(s, skips[s]) for s in mine}
+        rnd = 0
+        while True:
+            for s in mine:
+                rows = [r for _, r in zip(range(self.per_slot), streams[s])]
+                if len(rows) < self.per_slot:
+                    # a worker stops with its first exhausted slot: the epoch ends there anyway
+                    for t in mine:
+                        yield {"slot": t, "end": True, "skipped": skips[t]}
+                    return
+                yield self._batch(s, rnd, rows, skips[s])
+            rnd += 1
+
+
+def _caption_sig(caption: str) -> int:
+    """Content id of a caption without provenance: equal ids = the same caption text (case-insensitive), as the
+    audit loader groups them; only re-matching diagnostics read it."""
+    return zlib.crc32(caption.lower().encode("utf-8")) & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------- the window
+class Window:
+    """One window of gathered samples, the ``data`` a streaming trainer trains on (the fields a defense
+    reads of a :class:`~.mosaic.PairSet`): ``images uint8 (n, C, S, S)``, ``sig``, ``kind`` ``(n,)``;
+    ``captions`` decoded from the token ids on demand (examples only)."""
+
+    def __init__(self, images, ids, mask, sig, kind, index, tokenizer):
+        self.images, self.ids, self.mask = images, ids, mask
+        self.sig, self.kind, self.index = sig, kind, index
+        self.image_id = index
+        self._tok = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def captions(self) -> list[str]:
+        return self._tok.decode(self.ids)
+
+
+class _NoState(torch.nn.Module):
+    """The per-pair SafeCLIP mask of a window (rebuilt per window; never checkpointed)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("safe", torch.ones(n, dtype=torch.bool))
+
+
+class StreamTrainer(Trainer):
+    """:class:`~.trainer.Trainer` over a stream (module docstring): same steps, defenses, bank and diagnostics,
+    fed window by window.
+
+    Args:
+        model, tokenizer, defense, train, defense_cfg, seed, dist: as for the in-memory trainer.
+        source: a :class:`ShardSource` or :class:`TableSource`.
+        stream: slots, workers, window, shuffling and the schedule's sample count.
+        n_samples: samples per epoch for the schedule (``stream.n_samples`` or a count of the source).
+    """
+
+    def __init__(self, model, source, tokenizer, defense, train, defense_cfg, seed: int,
+                 stream: StreamConfig, n_samples: int, dist=None):  # fmt: skip
+        self._setup(model, tokenizer, defense, train, defense_cfg, seed, dist)
+        d, sc = self.dist, stream
+        if train.batch_size % sc.slots:
+            raise ConfigError(
+                f"train.batch_size {train.batch_size} is not a multiple of stream.slots {sc.slots}"
+            )
+        if sc.slots % d.world_size:
+            raise ConfigError(f"stream.slots {sc.slots} is not a multiple of the world size {d.world_size}")
+        local = sc.slots // d.world_size
+        if sc.num_workers and local % sc.num_workers:
+            raise ConfigError(
+                f"stream.num_workers {sc.num_workers} does not divide this rank's {local} slots (stream.slots "
+                f"{sc.slots} / world size {d.world_size})"
+            )
+        if isinstance(source, ShardSource) and len(source) < sc.slots:
+            raise ConfigError(
+                f"stream.slots {sc.slots} exceeds the {len(source)} shards of {source.name}: a slot would be empty"
+            )
+        self.scfg, self.source = sc, source
+        slots = list(range(d.rank * local, (d.rank + 1) * local))
+        self.local_slots = slots
+        self.stream = SlotStream(source, slots, sc.slots, train.batch_size // sc.slots, model_transform(model),
+                                 tokenizer, self.max_len, seed, sc.shuffle_shards, sc.shuffle_buffer)  # fmt: skip
+        self.steps_per_epoch = max(1, n_samples // train.batch_size)  # the schedule's estimate
+        self.data = Window(*(torch.zeros(0) for _ in range(6)), tokenizer)
+        self.ids, self.mask, self.poison = self.data.ids, self.data.mask, self.data.kind
+        self.state = _NoState(0)
+        self.skipped: Counter = Counter()
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model, "bank": self.bank}  # the window's SafeCLIP mask is rebuilt per window
+
+    def global_batches(self, epoch: int, phase: str, stats: dict):
+        """Windows of the stream, each shuffled and cut into global batches (module docstring)."""
+        self.stream.set_epoch(epoch)
+        loader = DataLoader(self.stream, batch_size=None, num_workers=self.scfg.num_workers)
+        it, pending, ended = iter(loader), {s: deque() for s in self.local_slots}, set()
+        self.skipped = Counter()
+        split: dict[str, list] = {}
+        b, step, w = self.tcfg.batch_size, 0, 0
+        while (window := self._next_window(it, pending, ended)) is not None:
+            self._set_window(window)
+            n = len(self.data)
+            start = self.impl.start_epoch(self, epoch, phase)
+            for k, v in start.items():
+                split.setdefault(k, []).append((v, n))
+            if "poison_in_risky" in start:  # exact over windows, not a mean of window shares
+                split.setdefault("_risky", []).append(
+                    (int((~self.state.safe.cpu() & self.poison).sum()), int(self.poison.sum()))
+                )
+            order = torch.randperm(
+                n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch + 1_000_003 * w)
+            )
+            for j in range(n // b):
+                yield order[j * b : (j + 1) * b]
+                step += 1
+            w += 1
+        del it, loader  # ends the workers
+        for k, vals in split.items():
+            if not k.startswith("_"):
+                stats[k] = float(sum(v * n for v, n in vals) / max(1, sum(n for _, n in vals)))
+        if "_risky" in split:
+            risky, n_p = (sum(x) for x in zip(*split["_risky"]))
+            stats["poison_in_risky"] = risky / n_p if n_p else float("nan")
+        stats["data_windows"] = w
+        stats["data_steps"] = step
+        stats.update({f"data_skipped_{k}": v for k, v in sorted(self.skipped.items())})
+
+    def _next_window(self, it, pending: dict, ended: set) -> dict | None:
+        """Pull this rank's minibatches until every local slot has a window's worth (or ran out), agree with
+        the other ranks on the number of complete rounds, gather them and put them in canonical order."""
+        wb = self.scfg.window_batches
+
+        def blocked() -> bool:
+            return all(len(pending[s]) >= wb or s in ended for s in pending) or any(
+                s in ended and len(pending[s]) < wb for s in pending
+            )
+
+        while not blocked():
+            try:
+                item = next(it)
+            except StopIteration:
+                ended.update(pending)
+                break
+            self.skipped.update(item["skipped"])
+            if item.get("end"):
+                ended.add(item["slot"])
+            else:
+                pending[item["slot"]].append(item)
+        rounds = torch.tensor([min(wb, *(len(p) for p in pending.values()))], device=self.device)
+        if self.dist.enabled:
+            torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MIN)
+        rounds = int(rounds)
+        if rounds == 0:
+            return None
+        parts = [pending[s].popleft() for _ in range(rounds) for s in self.local_slots]
+        n_slots = self.scfg.slots
+        keys = torch.cat([torch.full((len(p["ids"]),), p["round"] * n_slots + p["slot"]) for p in parts])
+        local = {
+            k: torch.cat([p[k] for p in parts]) for k in ("images", "ids", "mask", "sig", "kind", "index")
+        }
+        local["mask"] = local["mask"].to(torch.uint8)  # gloo gathers no bool
+        local["keys"] = keys
+        if self.dist.enabled:
+            local = {k: all_gather_nograd(v.to(self.device)).cpu() for k, v in local.items()}
+        order = torch.argsort(local["keys"], stable=True)  # canonical: round-major, then slot
+        out = {k: v[order] for k, v in local.items() if k != "keys"}
+        out["mask"] = out["mask"].bool()
+        return out
+
+    def _set_window(self, window: dict) -> None:
+        self.data = Window(window["images"], window["ids"], window["mask"], window["sig"], window["kind"],
+                           window["index"], self.tokenizer)  # fmt: skip
+        self.ids, self.mask = window["ids"], window["mask"]
+        self.poison = window["kind"] != 0
+        self.state = _NoState(len(self.data)).to(self.device)
+
+    def _keep_examples(self, loc, new_ids) -> None:
+        if not self._record or not self.dist.is_main or len(self.examples) >= 8:
+            return
+        n = len(self.examples)
+        super()._keep_examples(loc, new_ids)
+        for e in self.examples[n:]:  # a window position means nothing later: keep the image and dataset index
+            e["image"] = self.data.images[e["index"]].tolist()
+            e["index"] = int(self.data.index[e["index"]])
+
+
+def vocabulary_texts(
+    source, limit: int, class_names=FASHION_MNIST_CLASSES, prompts: bool = True
+) -> list[str]:
+    """Captions (text only, no image decoded) to build a word vocabulary from, plus the evaluation prompts."""
+    from reprlab.methods.otcclip.mosaic import class_prompts
+
+    texts = source.captions(limit)
+    if prompts:
+        texts += [p for row in class_prompts(class_names) for p in row]
+    return texts

@@ -1,0 +1,275 @@
+"""Training from streamed data: the streaming trainer over shards equals the in-memory trainer when one window
+covers the data; the data order does not depend on DataLoader workers; tables stream with bad rows counted;
+two torchrun ranks on the shard path train like one process; the GPU recipe's preflight names a missing path."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reprlab.methods.otcclip import shards as sh
+from reprlab.methods.otcclip import stream as st
+from reprlab.methods.otcclip.model import TinyCLIP
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
+from tests.methods.otcclip.test_trainer import CFG, DCFG, _data
+
+HERE = Path(__file__).parent
+
+
+def _stream_trainer(pairs, path, defense, stream_cfg, epochs=2, batch=8, tok=None):
+    tok = tok or WordTokenizer.from_texts(pairs.captions)
+    torch.manual_seed(0)
+    model = TinyCLIP(CFG, len(tok))
+    return st.StreamTrainer(
+        model, st.ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
+        DCFG, 0, stream_cfg, n_samples=len(pairs),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("defense", ["otcclip", "safeclip", "roclip"])
+def test_one_window_over_shards_equals_the_in_memory_trainer_bitwise(items, tmp_path, defense):
+    """Shards of the pairs in file order, one slot, one window covering all 32 pairs: the same batches, views and
+    defense decisions as the in-memory trainer, so equal losses and weights bit for bit (epochs 0-2 cover OTCCLIP's
+    plain and matching phases, SafeCLIP's unimodal, low-lr and split phases, RoCLIP's bank matching)."""
+    pairs = _data(items, 32)
+    sh.write_shards(pairs, tmp_path, shard_size=8)
+    tok = WordTokenizer.from_texts(pairs.captions)
+    torch.manual_seed(0)
+    mem = Trainer(TinyCLIP(CFG, len(tok)), pairs, tok, defense,
+                  TrainConfig(epochs=3, batch_size=8, warmup_steps=2), DCFG, seed=0)  # fmt: skip
+    cfg = st.StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
+    stream = _stream_trainer(pairs, tmp_path, defense, cfg, epochs=3, tok=tok)
+    for e in range(3):
+        a, b = mem.run_epoch(e), stream.run_epoch(e)
+        assert b["data_windows"] == 1 and b["data_steps"] == 4
+        assert a["loss"] == b["loss"], (e, a, b)
+        for k in ("rematch_poison_moved", "rematch_clean_kept", "safe_share", "poison_in_risky"):
+            assert (k in a) == (k in b) and a.get(k) == pytest.approx(b.get(k), nan_ok=True), k
+    for (name, p), q in zip(mem.model.state_dict().items(), stream.model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def _rounds(trainer, epoch=0):
+    """The windows' sample indices in training order, and the skip counts."""
+    out = []
+    orig = trainer._set_window
+
+    def spy(window):
+        out.append(window["index"].tolist())
+        orig(window)
+
+    trainer._set_window = spy
+    list(trainer.global_batches(epoch, "clip", stats := {}))
+    return out, stats
+
+
+def test_order_depends_on_slots_not_on_workers_and_windows_partition_the_stream(items, tmp_path):
+    pairs = _data(items, 32)
+    sh.write_shards(pairs, tmp_path, shard_size=4)  # 8 shards, 2 per slot
+    seen = {}
+    for workers in (0, 1, 2, 4):
+        cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=3)
+        seen[workers], stats = _rounds(_stream_trainer(pairs, tmp_path, "none", cfg))
+    assert seen[0] == seen[1] == seen[2] == seen[4]
+    windows = seen[0]
+    assert [len(w) for w in windows] == [16, 16] and stats["data_windows"] == 2
+    assert sorted(i for w in windows for i in w) == list(range(32))  # every sample once per epoch
+    # round-major, slot-minor: the first 2 samples of a window come from slot 0's shards, the next 2 from slot 1's
+    order = np.random.default_rng([0, 0]).permutation(8).tolist()
+    slot_of_shard = {s: k % 4 for k, s in enumerate(order)}
+    assert [slot_of_shard[i // 4] for i in windows[0][:8]] == [0, 0, 1, 1, 2, 2, 3, 3]
+    # another epoch, another order; same samples
+    tr = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(slots=4, num_workers=0, window_batches=2))
+    e1, _ = _rounds(tr, epoch=1)
+    assert e1 != windows and sorted(sum(e1, [])) == list(range(32))
+
+
+def _png(value: int, size=(40, 30)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full(size[::-1], value, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_table_streams_with_bad_rows_counted_and_images_at_the_models_size(tmp_path, fmt):
+    for i in range(6):
+        (tmp_path / f"{i}.png").write_bytes(_png(40 * i))
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    rows = [(f"{i}.png", f"a bag number {i}") for i in range(6)]
+    rows += [("missing.png", "a bag"), ("bad.png", "a shirt"), ("0.png", ""), ("", "a coat")]
+    if fmt == "csv":
+        text = "image,caption\n" + "".join(f"{p},{c}\n" for p, c in rows)
+        data = text.encode() + b"1.png,caf\xe9 au lait\n"  # one non-UTF-8 line
+    else:
+        data = "".join(json.dumps({"image": p, "caption": c}) + "\n" for p, c in rows).encode() + b"{oops\n"
+    path = tmp_path / f"pairs.{fmt}"
+    path.write_bytes(data)
+    src = st.open_source(path)
+    tok = WordTokenizer.from_texts(src.captions(100))
+    skip = Counter()
+    # each slot on its own, so each is read to its end (together, the epoch would end with the first to run out)
+    got = [
+        g
+        for s in (0, 1)
+        for g in st.SlotStream(src, [s], 2, 3, st.ImageTransform(28, 1), tok, 8, 0, False, 0)
+    ]
+    batches = [g for g in got if not g.get("end")]
+    for g in got:
+        skip.update(g["skipped"])
+    assert [g["slot"] for g in batches] == [0, 1]  # 3 valid rows per slot (rows 0,2,4 and 1,3,5), one round
+    assert all(g["images"].shape == (3, 1, 28, 28) and g["images"].dtype == torch.uint8 for g in batches)
+    # a uniform 40x30 image resized and cropped keeps its grey value: row i has value 40 i
+    assert sorted(int(g["images"][r].float().mean()) for g in batches for r in range(3)) == [
+        0,
+        40,
+        80,
+        120,
+        160,
+        200,
+    ]
+    assert tok.decode(batches[0]["ids"])[0].startswith("a bag number")
+    want = {"missing_image": 1, "unreadable_image": 1, "empty_caption": 1, "missing_image_path": 1}
+    want["non_utf8" if fmt == "csv" else "bad_row"] = 1
+    assert dict(skip) == want
+
+
+def test_missing_or_wrong_sources_are_named(tmp_path):
+    from reprlab.errors import ConfigError, DataError, DataFileMissingError
+
+    with pytest.raises(DataFileMissingError, match="stream.source.*nowhere"):
+        st.open_source(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="stream.source is empty"):
+        st.open_source("")
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(DataError, match="x.txt"):
+        st.open_source(tmp_path / "x.txt")
+    (tmp_path / "t.csv").write_text("file,label\na.png,1\n")
+    with pytest.raises(DataError, match="caption"):
+        st.open_source(tmp_path / "t.csv")
+
+
+def test_gpu_recipe_preflight_names_the_missing_shard_path(tmp_path):
+    from reprlab.errors import ConfigError, DataFileMissingError
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.recipes import get_recipe
+
+    recipe = get_recipe("otcclip-cc3m")
+    with pytest.raises(ConfigError, match="stream.source is empty"):
+        R.preflight(recipe.build_config())  # the recipe ships without a path: the user must give one
+    missing = tmp_path / "cc3m-shards"
+    with pytest.raises(DataFileMissingError, match=f"stream.source: {missing}"):
+        R.preflight(recipe.build_config([f"stream.source={missing}"]))
+    cfg = recipe.build_config([f"stream.source={missing}"])
+    assert (cfg.model.arch, cfg.model.image_size, cfg.model.patch_size, cfg.model.width) == (
+        "hf_clip",
+        224,
+        32,
+        768,
+    )
+
+
+@pytest.mark.slow  # two torchrun ranks and one process, each importing torch: ~1-2 min on the loaded 2-core machine
+def test_two_torchrun_ranks_on_the_shard_path_train_like_one_process(items, tmp_path):
+    """OTCCLIP over shards, 2 epochs (plain + OT losses, then re-matching over the caption bank gathered from all
+    ranks), 4 slots: one process with 2 DataLoader workers against torchrun with 2 gloo ranks x 1 worker, each
+    reading half of the shards."""
+    pairs = _data(items, 32)
+    sh.write_shards(pairs, tmp_path / "shards", shard_size=4)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
+    worker = str(HERE / "stream_worker.py")
+    runs = {
+        "one": [sys.executable, worker, str(tmp_path / "shards"), str(tmp_path / "one.pt"), "2"],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
+                str(tmp_path / "shards"), str(tmp_path / "two.pt"), "1"],
+    }  # fmt: skip
+    out = {}
+    for name, cmd in runs.items():
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parents[2])
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[name] = torch.load(tmp_path / f"{name}.pt")
+    one, two = out["one"], out["two"]
+    assert two["world"] == 2 and one["world"] == 1
+    assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
+    for a, b in zip(one["stats"], two["stats"]):
+        # the CLIP term is over the gathered global batch (the OT terms are rank-local means whose gradients the
+        # all-reduce averages, so rank 0's logged total differs from one process's): float32 sums in another order
+        assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
+        for k in ("data_steps", "n_poison_seen", "rematch_poison_moved", "rematch_clean_kept"):
+            assert a.get(k) == b.get(k), k
+    moved = 0.0
+    for name, w in one["state"].items():
+        # 8 SGD steps on the same global batches, float32 sums in another order: agree to ~1e-6
+        assert torch.allclose(two["state"][name], w, atol=1e-5, rtol=1e-4), name
+        moved += float((w - one["init"][name]).abs().sum())
+    assert moved > 1e-2  # training changed the weights: the comparison is not vacuous
+
+
+def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from_shards(items, tmp_path):
+    """model.arch hf_clip: inputs in [-1, 1] are mapped to CLIP's processor mean/std (oracle: the adapter without
+    pixel_norm fed hand-normalised pixels), and the streaming trainer runs a re-matching epoch on it."""
+    from dataclasses import replace
+
+    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, processor_stats
+    from reprlab.methods.otcclip.model import build_model
+
+    cfg = replace(CFG, arch="hf_clip", image_size=32, patch_size=8)
+    torch.manual_seed(0)
+    model = build_model(cfg, 50).eval()
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in processor_stats())
+    assert float(mean[0, 0, 0, 0]) == pytest.approx(0.48145466)  # CLIP's image processor default
+    raw = HFCLIPAdapter(model.clip, cfg.max_len)  # no pixel_norm: expects model-normalised pixels
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    a = model.encode_image(x).global_
+    b = raw.encode_image(((x + 1) / 2 - mean) / std).global_
+    assert torch.allclose(a, b, atol=1e-6) and not torch.allclose(a, raw.encode_image(x).global_, atol=1e-3)
+    assert st.model_transform(model) == st.ImageTransform(32, 3)
+    # text: mean-pooled projected tokens (our word tokenizer has no EOS)
+    ids = torch.tensor([[5, 6, 7, 0]])
+    t = model.encode_text(ids, ids != 0)
+    with torch.no_grad():
+        hidden = model.clip.text_model(input_ids=ids, attention_mask=(ids != 0).long()).last_hidden_state
+        want = torch.nn.functional.normalize(model.clip.text_projection(hidden)[:, :3].mean(1), dim=-1)
+    assert torch.allclose(t.global_, want, atol=1e-6)
+    pairs = _data(items, 16)
+    sh.write_shards(pairs, tmp_path, shard_size=4)
+    tok = WordTokenizer.from_texts(pairs.captions)
+    torch.manual_seed(0)
+    model = build_model(cfg, len(tok))
+    tr = st.StreamTrainer(
+        model, st.ShardSource(tmp_path), tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=1),
+        DCFG, 0, st.StreamConfig(slots=2, num_workers=0, window_batches=1), n_samples=16,
+    )  # fmt: skip
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = [tr.run_epoch(e) for e in range(2)]
+    assert stats[1]["phase"] == "otc_match" and stats[1]["n_poison_seen"] + stats[1]["n_clean_seen"] == 16
+    assert np.isfinite(stats[1]["loss"]) and any((p != q).any() for p, q in zip(model.parameters(), before))
+
+
+def test_open_clip_arch_says_why_it_is_not_available():
+    from reprlab.errors import ModelNotAvailableError
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.methods.otcclip.model import ModelConfig, build_model
+
+    try:
+        import open_clip  # noqa: F401
+    except Exception:
+        pass
+    else:
+        pytest.skip("open_clip imports here: the missing-package path cannot be tested")
+    with pytest.raises(ModelNotAvailableError, match="open_clip:ViT-B-32.*open-clip-torch"):
+        build_model(ModelConfig(arch="open_clip:ViT-B-32"), 10)
+    from reprlab.recipes import get_recipe
+
+    cfg = get_recipe("otcclip-shards-tiny").build_config(["model.arch=open_clip:ViT-B-32"])
+    with pytest.raises(ModelNotAvailableError):
+        R.preflight(cfg)
