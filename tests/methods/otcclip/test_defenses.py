@@ -71,6 +71,21 @@ def test_otcclip_trains_on_the_matched_caption():
     assert out.loss == pytest.approx(expected, abs=1e-5)  # float32 loss vs float64 oracle
 
 
+def test_otcclip_drop_mode_trains_clip_only_on_pairs_that_keep_their_caption():
+    """matched_text='drop': the re-assigned (poisoned) rows leave the CLIP loss; kept rows train as usual."""
+    tr = _planted("otcclip", matched_text="drop")
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 0, 0, "otc_match")
+    u = torch.nn.functional.one_hot(image_class(tr.data), DIM).float()
+    w_own = torch.nn.functional.one_hot(tr.data.sig, DIM).float()
+    kept = ~POISON  # planted: clean rows keep their own caption, the 4 poisons are re-assigned
+    assert torch.equal(out.assignment.index[kept], torch.arange(12))
+    assert not out.assignment.poison.any()
+    expected, all_rows = symmetric_infonce(u[kept], w_own[kept], scale), symmetric_infonce(u, u, scale)
+    assert abs(expected - all_rows) > 0.1  # dropping the rows is visible in the loss
+    assert out.loss == pytest.approx(expected, abs=1e-5)
+
+
 def test_otcclip_non_matching_epoch_trains_on_the_own_caption():
     tr = _planted("otcclip", rematch_warmup=1)
     scale = float(tr.model.scale().detach())
@@ -152,6 +167,40 @@ def test_ot_losses_change_the_step_and_reach_patch_and_token_features(items, lam
         float((p - q).detach().abs().sum()) for p, q in zip(base.model.parameters(), ot.model.parameters())
     )
     assert moved > 1e-4
+
+
+def _tiny_mode(items, lambdas, mode, **extra):
+    tr = _tiny(items, lambdas)
+    tr.dcfg = tr.impl.cfg = tr.impl.cfg.__class__(**{**tr.impl.cfg.__dict__, "matched_text": mode, **extra})
+    return tr
+
+
+def _text_grad(tr) -> float:
+    grad = tr.model.inner.token_embed.weight.grad
+    return 0.0 if grad is None else float(grad.abs().sum())
+
+
+@pytest.mark.parametrize("lambdas", [(0.0, 0.0), (0.1, 0.1)])
+def test_otcclip_kept_grad_trains_kept_own_captions_with_text_gradient(items, lambdas):
+    """With a margin no caption can beat, every image keeps its own caption: a 'kept_grad' matching step is
+    then the non-matching step (same loss, same update), while the default 'pool' step gives the text
+    encoder no gradient at all (its captions are detached pool features)."""
+    idx = torch.arange(8)
+    plain = _tiny_mode(items, lambdas, "pool", keep_margin=10.0)
+    kept = _tiny_mode(items, lambdas, "kept_grad", keep_margin=10.0)
+    pool = _tiny_mode(items, lambdas, "pool", keep_margin=10.0)
+    out_plain = plain.step(idx, 1, 0, "otc")
+    out_kept = kept.step(idx, 1, 0, "otc_match")
+    out_pool = pool.step(idx, 1, 0, "otc_match")
+    assert torch.equal(out_kept.assignment.index, torch.arange(8))  # nothing re-assigned
+    assert out_kept.loss == pytest.approx(out_plain.loss, abs=1e-5)
+    assert out_pool.loss == pytest.approx(out_plain.loss, abs=1e-5)  # same values, different gradient
+    assert _text_grad(plain) > 0 and _text_grad(kept) == pytest.approx(_text_grad(plain), rel=1e-4)
+    if lambdas[1] == 0:  # without the intra term (own caption views) 'pool' leaves the text encoder alone
+        assert _text_grad(pool) == 0.0
+    assert _text_grad(pool) < 0.9 * _text_grad(kept)
+    for p, q in zip(plain.model.parameters(), kept.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- RoCLIP

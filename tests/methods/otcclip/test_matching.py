@@ -100,9 +100,9 @@ def test_matching_ot_meets_its_tolerance_and_matches_pot_where_fixed_50_iteratio
     import ot as pot
 
     x, y = _clustered()
-    cfg = OTConfig(eps=0.05, n_iters=50, match_tol=1e-3, match_max_iters=2000)
+    cfg = OTConfig(eps=0.05, n_iters=50, match_tol=1e-3, match_max_iters=2000, loss_tol=None)
     res = ot_solve(x, y, None, None, cfg, matching=True)
-    fixed = ot_solve(x, y, None, None, cfg, matching=False)  # the loss path: fixed n_iters = 50
+    fixed = ot_solve(x, y, None, None, cfg, matching=False)  # the loss path with loss_tol null: 50 iterations
     assert bool(res.converged.all()) and float(res.marginal_error.max()) <= 1e-3
     # oracle: POT's log-domain Sinkhorn run to 1e-9, per problem, in float64
     ref = []
@@ -135,3 +135,43 @@ def test_unconverged_matching_is_logged_and_warned_per_epoch(items):
         warnings.simplefilter("error", RuntimeWarning)  # converged: no warning
         stats = tr.run_epoch(2)
     assert stats["ot_converged_share"] == 1.0 and stats["ot_max_marginal_error"] <= 1e-3
+
+
+def test_loss_ot_solves_to_its_tolerance_and_reports_it_where_fixed_50_iterations_do_not():
+    """The training losses (``ot_alignment``) solve to ``loss_tol`` and hand their diagnostics back."""
+    from reprlab.methods.otcclip.losses import ot_alignment, ot_alignments
+
+    x, y = _clustered()
+    cfg = OTConfig(eps=0.05, n_iters=50, loss_tol=1e-3, loss_max_iters=2000)
+    diag: list = []
+    loss = ot_alignment(x, y, None, None, cfg, diag)
+    fixed_diag: list = []
+    fixed = ot_alignment(x, y, None, None, replace(cfg, loss_tol=None), fixed_diag)
+    (res,), (res_fixed,) = diag, fixed_diag
+    assert float(res.marginal_error.max()) <= 1e-3 and bool(res.converged.all())
+    assert res.n_iters > 50 and res_fixed.n_iters == 50
+    assert float(res_fixed.marginal_error.max()) > 1e-2  # teeth: 50 iterations are not enough here
+    ref = ot_solve(x, y, None, None, replace(cfg, loss_tol=1e-6, loss_max_iters=20_000)).cost.mean()
+    assert abs(float(loss) - float(ref)) < 2e-3 < abs(float(fixed) - float(ref)) + 2e-3
+    # the fused solve reports one result for all groups, within the same tolerance
+    fused_diag: list = []
+    ot_alignments([(x, y, None, None), (x[:8], x[:8], None, None)], cfg, fused_diag)
+    assert len(fused_diag) == 1 and float(fused_diag[0].marginal_error.max()) <= 1e-3
+
+
+def test_unconverged_loss_ot_is_logged_and_warned_per_epoch(items):
+    from .test_trainer import _trainer
+
+    tr = _trainer(items, "otcclip")
+    tr.dcfg = tr.impl.cfg = replace(
+        tr.dcfg, lambda_inter=0.1, lambda_intra=0.1, ot=OTConfig(eps=0.01, loss_tol=1e-9, loss_max_iters=10)
+    )
+    with pytest.warns(RuntimeWarning, match="training-loss OT did not converge"):
+        stats = tr.run_epoch(0)
+    assert stats["phase"] == "otc" and stats["loss_ot_marginal_error"] > 1e-9
+    assert stats["loss_ot_iters"] == 10
+    tr.dcfg = tr.impl.cfg = replace(tr.dcfg, ot=OTConfig(eps=0.1, loss_tol=1e-3, loss_max_iters=5000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # converged: no warning
+        stats = tr.run_epoch(0)
+    assert stats["loss_ot_marginal_error"] <= 1e-3 and stats["loss_ot_iters"] < 5000

@@ -50,6 +50,17 @@ class DefenseConfig:
             "wrong match cannot drag the text encoder"
         },
     )
+    matched_text: str = field(
+        default="pool",
+        metadata={
+            "help": "[ours] what a matching epoch trains each image with: 'pool' = its assigned pool caption "
+            "(detached unless detach_matched_text=false); 'kept_grad' = as 'pool', but images that keep their "
+            "own caption train it with text gradient (a fresh forward); 'drop' = as 'kept_grad' for kept "
+            "captions, while images whose caption was re-assigned leave the CLIP and inter-OT losses for that "
+            "step (filtered, like SafeCLIP's risky set; the intra term still trains them)",
+            "choices": ["pool", "kept_grad", "drop"],
+        },
+    )
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
     intra_subset: int = field(
@@ -63,8 +74,9 @@ class DefenseConfig:
         default=True,
         metadata={
             "help": "[ours, speed] solve the inter and intra OT loss problems in one padded solver call, "
-            "matched captions cut to their used width (equal to the old path up to float rounding); "
-            "false = one call per term on full-width matched captions (the old path)"
+            "matched captions cut to their used width (equal to the old path up to float rounding with fixed "
+            "iterations, ot.loss_tol null; up to the tolerance otherwise, since the fused call stops when all "
+            "its problems converge); false = one call per term on full-width matched captions (the old path)"
         },
     )
     reuse_own_text: bool = field(

@@ -4,11 +4,15 @@ Every epoch trains ``L = L_CLIP(i, pi(i)) + lambda_inter D(V_i, T_pi(i)) + lambd
 D(T_i, T_i')]`` (phase ``otc``). On matching epochs (phase ``otc_match``) the captions are first re-assigned:
 pi(i) = argmax over the pool (this global batch + the FIFO bank) of S_ij = alpha cos(u_i, w_j) - (1 - alpha)
 D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kept unless beaten by
-``keep_margin``. The re-assigned captions are the ones trained on (by default as detached pool features).
+``keep_margin``. The re-assigned captions are the ones trained on (by default as detached pool features);
+``matched_text`` [ours] chooses how: ``pool`` (every image trains on its assigned pool caption), ``kept_grad``
+(images that keep their own caption train it with text gradient) or ``drop`` (as ``kept_grad``, and images
+whose caption was re-assigned leave the cross-modal losses for that step).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields
 
 import torch
@@ -93,26 +97,39 @@ class OTCCLIP(Defense):
         txt: TextFeatures,
         own_txt: TextFeatures | None = None,
         views: tuple | None = None,
+        keep: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view).
+        """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view),
+        and, when an OT loss was solved, its diagnostics ``ot_marginal_error`` (largest L1 marginal error of the
+        step's solves) and ``ot_iters`` (iterations run); the trainer logs them as epoch means
+        (``loss_ot_marginal_error``, ``loss_ot_iters``), and :meth:`step` warns once per epoch when the epoch's
+        largest error is above ``ot.loss_tol``.
 
         ``own_txt``: the own captions' first-view features with gradient, when already computed (non-matching
         epochs: they are ``txt``); the intra text term then reuses its rows instead of encoding them again.
         ``views``: the intra term's ``(second image view, own captions, caption views)`` features of the
         :meth:`~reprlab.methods.otcclip.trainer.Trainer.intra_rows`, when the step already encoded them.
+        ``keep``: optional ``bool (local,)``; only these rows enter the CLIP and inter-OT terms
+        (``matched_text='drop'``). The CLIP term then contrasts the kept rows of the whole global batch.
         """
         c, model = self.cfg, tr.model
-        terms = {
-            "clip": clip_loss(
-                all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_), model.scale()
-            )
-        }
+        img_g, txt_g = all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_)
+        inter = (img.patches, txt.tokens, img.mask, txt.mask)
+        if keep is not None:
+            kept_global = all_gather_nograd(keep.to(torch.uint8)).bool()
+            img_g, txt_g = img_g[kept_global], txt_g[kept_global]
+            inter = tuple(t[keep] for t in inter)
+        zero = img.global_.sum() * 0.0  # a term with no rows: 0, still attached to the graph
+        terms = {"clip": clip_loss(img_g, txt_g, model.scale()) if len(img_g) else zero}
         groups: list[tuple[str, tuple]] = []
+        diag: list = []  # SinkhornResults of the loss OT solves
         if c.lambda_inter > 0:
-            if c.fused_ot_losses:
-                groups.append(("ot_inter", (img.patches, txt.tokens, img.mask, txt.mask)))
+            if len(inter[0]) == 0:
+                terms["ot_inter"] = zero
+            elif c.fused_ot_losses:
+                groups.append(("ot_inter", inter))
             else:  # solved here, before the intra encodes: the old graph order, bitwise-identical weights
-                terms["ot_inter"] = ot_alignment(img.patches, txt.tokens, img.mask, txt.mask, c.ot)
+                terms["ot_inter"] = ot_alignment(*inter, c.ot, diag)
         if c.lambda_intra > 0 and c.intra_subset > 0:
             sub = tr.intra_rows(len(b.idx))
             if views is not None:
@@ -126,17 +143,19 @@ class OTCCLIP(Defense):
                 txt2 = model.encode_text(b.ids2[sub], b.mask2[sub])
             groups.append(("ot_intra_image", (img.patches[sub], img2.patches, None, None)))
             groups.append(("ot_intra_text", (txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask)))
-        if not groups:
-            return terms
-        if c.fused_ot_losses:
-            values = ot_alignments([g for _, g in groups], c.ot)
-        else:
-            values = [ot_alignment(*g, c.ot) for _, g in groups]
-        parts = dict(zip([name for name, _ in groups], values))
-        if "ot_inter" in parts:
-            terms["ot_inter"] = parts["ot_inter"]
-        if "ot_intra_image" in parts:
-            terms["ot_intra"] = parts["ot_intra_image"] + parts["ot_intra_text"]
+        if groups:
+            if c.fused_ot_losses:
+                values = ot_alignments([g for _, g in groups], c.ot, diag)
+            else:
+                values = [ot_alignment(*g, c.ot, diag) for _, g in groups]
+            parts = dict(zip([name for name, _ in groups], values))
+            if "ot_inter" in parts:
+                terms["ot_inter"] = parts["ot_inter"]
+            if "ot_intra_image" in parts:
+                terms["ot_intra"] = parts["ot_intra_image"] + parts["ot_intra_text"]
+        if diag:  # the loss OT solves' diagnostics: largest L1 marginal error and iterations of this step
+            terms["ot_marginal_error"] = torch.tensor(max(float(r.marginal_error.max()) for r in diag))
+            terms["ot_iters"] = torch.tensor(float(max(r.n_iters for r in diag)))
         return terms
 
     def step(self, tr, b: Batch) -> StepOutput:
@@ -149,29 +168,83 @@ class OTCCLIP(Defense):
             img, img2 = split_rows(model.encode_image(torch.cat([b.view1, b.view2[sub]])), len(b.view1))
         else:
             img = model.encode_image(b.view1)
-        assignment = None
+        assignment, keep, own_grad = None, None, None
         if b.phase == "otc_match":
             assignment, txt = self.assign(tr, b, img)
-            if fuse:  # the own captions were encoded without gradient for the pool: encode both views here
+            if c.matched_text != "pool":  # [ours] kept own captions train with text gradient
+                kept = assignment.index == torch.arange(b.rows.start, b.rows.stop, device=tr.device)
+                if fuse:
+                    ids, mask = cat_padded([b.ids1, b.ids2[sub]], [b.mask1, b.mask2[sub]])
+                    own_grad, txt2 = split_rows(model.encode_text(ids, mask), len(b.ids1))
+                    own_grad = trim(own_grad, b.ids1.shape[1])
+                    views = (
+                        img2,
+                        TextFeatures(own_grad.global_[sub], own_grad.tokens[sub], own_grad.mask[sub]),
+                        txt2,
+                    )
+                else:
+                    own_grad = model.encode_text(b.ids1, b.mask1)
+                txt = merge_rows(kept, own_grad, txt)
+                keep = kept if c.matched_text == "drop" else None
+            elif fuse:  # the own captions were encoded without gradient for the pool: encode both views here
                 ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
                 views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
         elif fuse:
             ids, mask = cat_padded([b.ids1, b.ids2[sub]], [b.mask1, b.mask2[sub]])
             txt, txt2 = split_rows(model.encode_text(ids, mask), len(b.ids1))
-            txt = TextFeatures(txt.global_, txt.tokens[:, : b.ids1.shape[1]], txt.mask[:, : b.ids1.shape[1]])
+            txt = trim(txt, b.ids1.shape[1])
             views = (img2, TextFeatures(txt.global_[sub], txt.tokens[sub], txt.mask[sub]), txt2)
         else:
             txt = model.encode_text(b.ids1, b.mask1)
         if assignment is None:
             tr.enqueue(b.ids1, b.mask1, txt, b.loc)
-        own = txt if assignment is None else None  # non-matching epochs train on the own captions
-        terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views)
+        own = txt if assignment is None else own_grad  # the own captions' features with gradient, if any
+        terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep)
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + c.lambda_inter * terms["ot_inter"]
         if "ot_intra" in terms:
             loss = loss + c.lambda_intra * terms["ot_intra"]
+        if "ot_marginal_error" in terms:
+            self._note_loss_ot(tr, b, float(terms["ot_marginal_error"]))
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
+
+    def _note_loss_ot(self, tr, b: Batch, err: float) -> None:
+        """Track the epoch's largest loss-OT marginal error; warn once, at the epoch's last step, when it is
+        above ``ot.loss_tol`` (the trainer logs the per-step values as ``loss_ot_marginal_error``)."""
+        worst = err if b.step == 0 else max(err, getattr(self, "_loss_ot_worst", 0.0))
+        self._loss_ot_worst = worst
+        tol, last = self.cfg.ot.loss_tol, getattr(tr, "steps_per_epoch", None)
+        if tol is not None and last is not None and b.step == last - 1 and worst > tol:
+            warnings.warn(
+                f"otcclip epoch {b.epoch}: training-loss OT did not converge: largest marginal error "
+                f"{worst:.2e} > loss_tol {tol:g}; raise defense.ot.loss_max_iters or eps",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def trim(txt: TextFeatures, width: int) -> TextFeatures:
+    """The first ``width`` token positions of ``txt`` (the global embedding is unchanged)."""
+    return TextFeatures(txt.global_, txt.tokens[:, :width], txt.mask[:, :width])
+
+
+def merge_rows(take_first: torch.Tensor, first: TextFeatures, second: TextFeatures) -> TextFeatures:
+    """Row ``r`` from ``first`` where ``take_first[r]`` else from ``second``; token sets right-padded with
+    zero features / ``False`` to the wider of the two."""
+    width = max(first.tokens.shape[1], second.tokens.shape[1])
+
+    def pad(t: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = width - t.tokens.shape[1]
+        return F.pad(t.tokens, (0, 0, 0, extra)), F.pad(t.mask, (0, extra))
+
+    (tok1, mask1), (tok2, mask2) = pad(first), pad(second)
+    rows = take_first[:, None]
+    return TextFeatures(
+        torch.where(rows, first.global_, second.global_),
+        torch.where(rows[:, :, None], tok1, tok2),
+        torch.where(rows, mask1, mask2),
+    )
 
 
 def split_rows(feats, n: int) -> tuple:
