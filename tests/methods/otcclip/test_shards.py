@@ -134,3 +134,18 @@ def test_make_shards_cli_writes_the_poisoned_testbed(tmp_path):
     assert sum(s["kind"] == 2 for s in got.values()) == 75  # min(120, n_pairs // 4)
     bad = CliRunner().invoke(app, ["otcclip", "make-shards", str(out), "--trigger", "nope"])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_shuffled_write_spreads_the_appended_poisons_over_the_shards(pairs, tmp_path):
+    """The testbed appends its poisons last; written with a seed they land in every shard, each sample once."""
+    sh.write_shards(pairs, tmp_path / "plain", shard_size=5)
+    sh.write_shards(pairs, tmp_path / "mixed", shard_size=5, shuffle_seed=0)
+    plain = [int(s["index"]) for s in sh.ShardStream(tmp_path / "plain")]
+    mixed = [int(s["index"]) for s in sh.ShardStream(tmp_path / "mixed")]
+    assert plain == list(range(23)) and sorted(mixed) == plain and mixed != plain
+    got = _by_index(sh.ShardStream(tmp_path / "mixed"))
+    assert all(
+        got[i]["caption"] == pairs.captions[i] and torch.equal(got[i]["image"], pairs.images[i]) for i in got
+    )
+    backdoor_rows = [k for k, i in enumerate(mixed) if pairs.kind[i] == 2]
+    assert len({k // 5 for k in backdoor_rows}) > 1  # not one block

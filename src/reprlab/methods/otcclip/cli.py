@@ -54,6 +54,9 @@ def make_shards(
     max_items: int = typer.Option(2, min=1, max=4, help="most items per mosaic"),
     clean: bool = typer.Option(False, "--clean", help="clean mosaics only (no targeted/backdoor poisons)"),
     trigger: str = typer.Option("badnets", help="backdoor trigger (see data.trigger)"),
+    shuffle: bool = typer.Option(
+        True, help="write the pairs in a seeded random order (poisons spread over the shards, as in web data)"
+    ),
 ) -> None:
     """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards."""
     from reprlab.errors import ConfigError
@@ -81,5 +84,5 @@ def make_shards(
             n_probe_train=1,
         )
         pairs = build_testbed(cfg, seed).pairs
-    paths = write_shards(pairs, out, shard_size)
+    paths = write_shards(pairs, out, shard_size, shuffle_seed=seed if shuffle else None)
     typer.echo(f"wrote {len(pairs)} samples in {len(paths)} shards to {out}")

@@ -332,7 +332,7 @@ def run_stream(cfg: Config, run: Run) -> dict:
 
         def write() -> dict:
             if run.is_main:
-                write_shards(bed.pairs, shard_dir, sc.shard_size)
+                write_shards(bed.pairs, shard_dir, sc.shard_size, shuffle_seed=cfg.seed)
             return {"n_samples": len(bed.pairs), "shard_size": sc.shard_size}
 
         run.stage("shards", write)

@@ -58,10 +58,18 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def write_shards(pairs: PairSet, out: Path, shard_size: int = 1000, prefix: str = "mosaics") -> list[Path]:
+def write_shards(
+    pairs: PairSet,
+    out: Path,
+    shard_size: int = 1000,
+    prefix: str = "mosaics",
+    shuffle_seed: int | None = None,
+) -> list[Path]:
     """Write ``pairs`` as tar shards of ``shard_size`` samples into ``out``; returns the shard paths.
 
-    Keys are the zero-padded pair index, so shard order = pair order.
+    Keys are the zero-padded pair index. Without ``shuffle_seed`` shard order = pair order; with it the pairs
+    are written in a seeded random order [ours], as web shards hold them: our testbeds append their poisons
+    last, and a stream that shuffles only within shards and windows would otherwise meet them in a block.
 
     Raises:
         ValueError: ``shard_size < 1`` or no pairs.
@@ -73,11 +81,14 @@ def write_shards(pairs: PairSet, out: Path, shard_size: int = 1000, prefix: str 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+    order = list(range(len(pairs)))
+    if shuffle_seed is not None:
+        order = np.random.default_rng([shuffle_seed, 4242]).permutation(len(pairs)).tolist()
     for shard, start in enumerate(range(0, len(pairs), shard_size)):
         path = out / f"{prefix}-{shard:06d}.tar"
         tmp = path.with_name(path.name + ".tmp")
         with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for i in range(start, min(start + shard_size, len(pairs))):
+            for i in order[start : start + shard_size]:
                 key = f"{i:09d}"
                 meta = {
                     "index": i,
