@@ -330,3 +330,60 @@ def test_rr_trains_its_own_step_count_with_cbs_schedule(tiny, data):
     assert tr.fit()["steps"] == 2
     assert tr.loss(1)[1]["c_retain"] == pytest.approx(10.0 * 1 / (2 * 2))  # alpha 10, t = 1, N = 2
     assert Trainer("crl", peft, cfg, harm, ben, tok.pad_token_id).steps == 5  # CRL keeps optim.steps
+
+
+def _rr_moves(retain_scale: str) -> tuple[list[float], list[float]]:
+    """Train RR 12 steps on a tiny random Llama (residual norms ~30-50 at the reroute layers) and return the
+    centred cos(trained, frozen) of held-out harmful and benign response tokens at layers 1 and 3."""
+    from reprlab.methods.crl_safety.chat import ChatFormat
+    from reprlab.methods.crl_safety.config import RrCfg
+    from reprlab.methods.crl_safety.metrics import mechanism
+    from reprlab.models.hf import tiny_llama
+
+    model, tok = tiny_llama(seed=0, num_hidden_layers=4, initializer_range=0.3)
+    fmt = ChatFormat(tok, None, max_prompt_tokens=40)
+    harm = _pairs(fmt, [f"do bad thing {i}" for i in range(6)], "Sure, step one")
+    ben = _pairs(fmt, [f"nice question {i}" for i in range(6)], "Here is an answer")
+    torch.manual_seed(0)
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    cfg = DefenseCfg(optim=OptimCfg(steps=12, batch_size=3, lr=1e-2, checkpoint_every=100), center_states=True,
+                     rr=RrCfg(layers="1,3", retain_layers="all", retain_scale=retain_scale))  # fmt: skip
+    Trainer("rr", peft, cfg, harm, ben, tok.pad_token_id, seed=0).fit()
+    m = mechanism(peft, harm, ben, tok.pad_token_id, [1, 3], frozen_ctx=peft.disable_adapter())
+    return m["cos_harmful_centered"], m["cos_benign_centered"]
+
+
+def test_rr_with_crl_tiny_retain_scale_moves_the_harmful_representations():
+    """crl-tiny's RR (retain_scale from the recipe) must reroute: harmful centred cos(trained, frozen) drops well
+    below 1. Measured: 0.24 / 0.02 at layers 1 / 3 with 'relative'; with CB's 'l2' it stays >= 0.9998."""
+    from pathlib import Path
+
+    import yaml
+
+    from reprlab.methods.crl_safety import recipe as R
+
+    recipe = yaml.safe_load((Path(R.__file__).parent / "recipes" / "crl-tiny.yaml").read_text())
+    scale = recipe["config"]["defense"]["rr"]["retain_scale"]
+    harmful, _ = _rr_moves(scale)
+    assert min(harmful) < 0.9, harmful
+
+
+def test_rr_with_cbs_l2_retain_does_not_move_at_this_budget():
+    """The measured reason for ``retain_scale``: with CB's raw L2 retain the retain gradient outweighs the reroute
+    gradient (which scales as 1/||h||) and the same 12 steps leave the harmful states where they were."""
+    harmful, _ = _rr_moves("l2")
+    assert min(harmful) > 0.99, harmful
+
+
+def test_rr_relative_retain_is_l2_over_the_frozen_norm():
+    from reprlab.errors import ConfigError
+    from reprlab.methods.crl_safety import losses as L
+
+    torch.manual_seed(0)
+    h, f = torch.randn(2, 5, 8), 10 * torch.randn(2, 5, 8)
+    torch.testing.assert_close(L.rr_retain_loss(h, f, "l2"), (h - f).norm(dim=-1).mean())
+    torch.testing.assert_close(
+        L.rr_retain_loss(h, f, "relative"), ((h - f).norm(dim=-1) / f.norm(dim=-1)).mean()
+    )
+    with pytest.raises(ConfigError, match="retain_scale"):
+        L.rr_retain_loss(h, f, "l1")

@@ -123,6 +123,15 @@ class RrCfg:
             "harmless pairs only, as before issue 13)"
         ),
     )
+    retain_scale: str = field(
+        default="l2",
+        metadata=_h(
+            "retain term per token: 'l2' (CB: ||h' - h||_2) or 'relative' [ours, a deviation]: ||h' - h||_2 / ||h||_2. "
+            "The reroute gradient scales as 1/||h|| while the L2 retain gradient does not, so on high-norm residual "
+            "streams (SmolLM2: centred norms ~100 / ~700 at layers 10 / 20) 'l2' outweighs the reroute term "
+            "10^3-10^4 times and RR never moves (measured); 'relative' puts both on the same scale"
+        ),
+    )
     steps: int = field(
         default=0,
         metadata=_h(

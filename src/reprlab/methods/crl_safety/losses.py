@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reprlab.errors import ConfigError
+
 DISTANCES = ("l2", "cosine", "sq_norm_l2", "mix")
 
 
@@ -115,9 +117,21 @@ def kl_retain_batchmean(
     return temperature**2 * (per_tok * mask.to(per_tok.dtype)).sum() / mask.shape[0]
 
 
-def rr_retain_loss(h_trained: Tensor, h_frozen: Tensor) -> Tensor:
-    """Mean L2 distance between trained and frozen states ``[layers, n_tok, d]`` (RR retain)."""
-    return (h_trained - h_frozen).norm(dim=-1).mean()
+RR_RETAIN_SCALES = ("l2", "relative")
+
+
+def rr_retain_loss(h_trained: Tensor, h_frozen: Tensor, scale: str = "l2") -> Tensor:
+    """Mean L2 distance between trained and frozen states ``[layers, n_tok, d]`` (RR retain).
+
+    ``scale='l2'`` is CB's ``||h' - h||_2``; ``'relative'`` [ours] divides each token's distance by its frozen norm
+    ``||h||_2``, which puts the retain gradient on the reroute cosine's ``1/||h||`` scale.
+    """
+    d = (h_trained - h_frozen).norm(dim=-1)
+    if scale == "l2":
+        return d.mean()
+    if scale == "relative":
+        return (d / h_frozen.norm(dim=-1).clamp_min(1e-6)).mean()
+    raise ConfigError(f"rr retain_scale must be one of {RR_RETAIN_SCALES}, got {scale!r}")
 
 
 def rr_reroute_loss(h_trained: Tensor, h_frozen: Tensor) -> Tensor:

@@ -191,6 +191,12 @@ def preflight(cfg: Config) -> None:
         if m not in MODELS:
             raise ConfigError(f"models must be drawn from {MODELS}, got {m!r}")
     check_judge_cfg(cfg.judge.backend, cfg.judge.model_id)
+    from reprlab.methods.crl_safety.losses import RR_RETAIN_SCALES
+
+    if cfg.defense.rr.retain_scale not in RR_RETAIN_SCALES:
+        raise ConfigError(
+            f"defense.rr.retain_scale must be one of {RR_RETAIN_SCALES}, got {cfg.defense.rr.retain_scale!r}"
+        )
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in (
         "", "0"):  # fmt: skip
