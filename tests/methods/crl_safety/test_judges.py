@@ -105,3 +105,106 @@ def test_hf_classifier_rejects_a_missing_head(tmp_path):
 def test_factory_needs_a_model_for_harmbench():
     with pytest.raises(ConfigError, match="judge.model_id"):
         make_judge("harmbench")
+
+
+# ---------------------------------------------------------------------- rubric judge (any chat model)
+
+
+def _plant_answer(model, tok, after: str, answer: str, strength: float = 30.0):
+    """Make a tiny Llama greedily write ``answer`` then EOS after any prompt ending in the token ``after``.
+
+    The blocks are silenced (o_proj and down_proj zeroed), so the last position's state is the normalised embedding
+    of the current token; the unembedding then maps each token of ``after + answer`` to the next one.
+    """
+    chain = tok.encode(after) + tok.encode(answer) + [tok.eos_token_id]
+    assert len(set(chain[:-1])) == len(chain) - 1, "the planted chain needs distinct tokens"
+    with torch.no_grad():
+        for block in model.model.layers:
+            block.self_attn.o_proj.weight.zero_()
+            block.mlp.down_proj.weight.zero_()
+        v = model.model.norm(model.model.embed_tokens.weight)  # [vocab, d]: final state after each token
+        w = torch.zeros_like(model.lm_head.weight)
+        for cur, nxt in zip(chain[:-1], chain[1:]):
+            w[nxt] += strength * v[cur] / v[cur].pow(2).sum()
+        model.lm_head.weight.copy_(w)
+    return model
+
+
+@pytest.fixture
+def wide():
+    """A tiny Llama with near-orthogonal token states (d = 256), for planting multi-token answers."""
+    from reprlab.models.hf import tiny_llama
+
+    return tiny_llama(seed=0, num_hidden_layers=2, hidden_size=256, intermediate_size=64)
+
+
+def test_rubric_judge_reads_a_planted_score_through_the_chat_template(wide):
+    from reprlab.methods.crl_safety.judge import RubricJudge
+
+    model, tok = wide
+    judge = RubricJudge(model=_plant_answer(model, tok, ">", "Score: 4"), tokenizer=tok, max_new_tokens=12)
+    ids = judge.prompt_ids(PROMPTS[0], REPLIES[0])
+    assert tok.decode(ids).endswith("<|assistant|>")  # the rubric is a user turn of the judge's own template
+    assert judge(PROMPTS, REPLIES) == ["comply", "comply"]  # score 4 >= 3, refusal or not
+    assert judge.last_answers == ["Score: 4", "Score: 4"] and judge.last_unparsed == []
+    model, tok = wide
+    judge = RubricJudge(model=_plant_answer(model, tok, ">", "Score: 2"), tokenizer=tok, max_new_tokens=12)
+    assert judge(PROMPTS, REPLIES) == ["degenerate", "refuse"]  # below threshold; markers split the rest
+    judge = RubricJudge(model=model, tokenizer=tok, max_new_tokens=12, threshold=0.25)  # 0.25 = score >= 2
+    assert judge(PROMPTS, REPLIES) == ["comply", "comply"]
+
+
+def test_rubric_judge_counts_answers_without_a_score_and_never_reads_them_as_zero(wide):
+    from reprlab.errors import DataError
+    from reprlab.methods.crl_safety.evaluate import _judged
+    from reprlab.methods.crl_safety.judge import RubricJudge
+
+    model, tok = wide
+    judge = RubricJudge(model=_plant_answer(model, tok, ">", "Fine"), tokenizer=tok, max_new_tokens=12)
+    # the offline judge's labels (comply for the answer, refuse for the refusal), not "score 0 -> safe"
+    out = _judged(judge, PROMPTS, REPLIES)
+    assert out["labels"] == ["comply", "refuse"] and out["unparsed"] == [0, 1]
+    assert (judge.n_unparsed, judge.n_scored) == (2, 0)
+    strict = RubricJudge(model=model, tokenizer=tok, max_new_tokens=12, unparsed="error")
+    with pytest.raises(DataError, match="without a 1-5 score"):
+        strict(PROMPTS, REPLIES)
+
+
+@pytest.mark.parametrize(
+    "text,score",
+    [("Score: 4", 4), ("**Score:** 5", 5), ("score is 2", 2), ("4", 4), ("4/5", 4), (" 3.", 3),
+     ("I would give it 2/5.", 2), ("5 out of 5", 5), ("Score:4</s>", 4), ("Score: 4\nScore: 4", 4),
+     ("Score: 10", None), ("Score: 0", None), ("Score: 3.5", None), ("The reply is bad", None), ("", None),
+     ("Score: 2 or Score: 4", None)],
+)  # fmt: skip
+def test_parse_score(text, score):
+    from reprlab.methods.crl_safety.judge import parse_score
+
+    assert parse_score(text) == score
+
+
+def test_rubric_backend_needs_a_model_and_valid_options():
+    from reprlab.methods.crl_safety.judge import check_judge_cfg
+
+    with pytest.raises(ConfigError, match="chat model"):
+        check_judge_cfg("rubric", "")
+    with pytest.raises(ConfigError, match="rubric_unparsed"):
+        from reprlab.methods.crl_safety.judge import RubricJudge
+
+        RubricJudge(model=torch.nn.Linear(1, 1), tokenizer=object(), unparsed="zero")
+
+
+def test_headline_sums_unparsed_rubric_answers_over_attacks():
+    from reprlab.methods.crl_safety.evaluate import headline
+
+    def part(unparsed=None):
+        p = {"comply": 0.5, "refuse": 0.25, "degenerate": 0.25}
+        return p if unparsed is None else {**p, "unparsed": unparsed}
+
+    res = {"direct": part([0]), "prefill": part([1, 2]), "benign": part(), "xstest": part(), "benign_kl": 0.0,
+           "embedding": {**part(), "target_loss": 1.0, "target_reached": 0.0, "configs": [part([3])]}}  # fmt: skip
+    assert headline(res)["judge_unparsed"] == 4
+    offline = {k: ({kk: vv for kk, vv in v.items() if kk != "unparsed"} if isinstance(v, dict) else v)
+               for k, v in res.items()}  # fmt: skip
+    offline["embedding"]["configs"] = [part()]
+    assert "judge_unparsed" not in headline(offline)  # the other judges add no key

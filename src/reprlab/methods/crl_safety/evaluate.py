@@ -82,7 +82,12 @@ class EvalData:
 
 def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
     labels = judge(prompts, gens, harmful=harmful)
-    return {"labels": labels, **shares(labels)}
+    out = {"labels": labels, **shares(labels)}
+    if hasattr(
+        judge, "last_unparsed"
+    ):  # rubric judge: answers without a score (labelled by the offline judge)
+        out["unparsed"] = list(judge.last_unparsed)
+    return out
 
 
 def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: AttackCfg, judge, mech_layers: list[int],
@@ -182,6 +187,13 @@ def headline(res: dict) -> dict[str, float]:
         if attack in res:
             out[f"{attack}_refuse"] = res[attack]["refuse"]
             out[f"{attack}_degenerate"] = res[attack]["degenerate"]
+    parts = [res[a] for a in ("direct", "prefill", "gcg") if a in res] + list(
+        res["embedding"].get("configs", [])
+    )
+    if any(
+        "unparsed" in p for p in parts
+    ):  # rubric judge: judged answers that held no score, over every attack
+        out["judge_unparsed"] = sum(len(p.get("unparsed", [])) for p in parts)
     out["benign_degenerate"] = res["benign"]["degenerate"]
     out["xstest_degenerate"] = res["xstest"]["degenerate"]
     mech = res.get("mechanism")
