@@ -50,6 +50,12 @@ LOG_ZERO = -1e5
 # B = 4096 (see docs/ot.md for the measurement).
 CHUNK = 256
 
+# [ours, measured] On CPU, for problems of at most this many entries (n * m), the scaling updates run as a
+# broadcast product and a sum over dim 1 instead of batched gemv (bmm): for OTCCLIP's 16 x 14 and 16 x 16
+# problems this took 50 vs 84 us and 15 vs 32 us per iteration (256 and 82 problems, 1 thread); MKL's
+# per-matrix overhead dominates bmm on such tiny matrices. Same iteration, different rounding (~1e-6).
+SMALL_PROBLEM = 512
+
 _GRAD_MODES = ("envelope", "autograd")
 
 
@@ -326,6 +332,9 @@ def _fast_sinkhorn(
     row = torch.empty(batch, 1, n, dtype=C.dtype, device=C.device)
     col = torch.empty(batch, 1, m, dtype=C.dtype, device=C.device)
     a3, b3 = a[:, None, :], b[:, None, :]  # (batch, 1, n), (batch, 1, m)
+    small = C.device.type == "cpu" and n * m <= SMALL_PROBLEM
+    if small:  # scratch for the broadcast products of the small-problem path
+        buf, bufT = torch.empty_like(K), torch.empty_like(KT)
     done = 0
     s = t = row
     while done < n_iters:
@@ -336,11 +345,17 @@ def _fast_sinkhorn(
         KT.copy_(K.transpose(1, 2))
         t = torch.ones(batch, 1, m, dtype=C.dtype, device=C.device)
         for _ in range(block):
-            # Row-vector x matrix products (batched gemv); on CPU this orientation is faster than
-            # (n, m) x (m, 1), hence the transposed copy for the f update.
-            torch.bmm(b3 * t, KT, out=row)
-            s = row.reciprocal_()
-            torch.bmm(a3 * s, K, out=col)
+            if small:
+                # Broadcast product + sum over dim 1 (the contiguous inner dim vectorises), into buffers.
+                torch.sum(torch.mul(KT, (b3 * t).transpose(1, 2), out=bufT), 1, keepdim=True, out=row)
+                s = row.reciprocal_()
+                torch.sum(torch.mul(K, (a3 * s).transpose(1, 2), out=buf), 1, keepdim=True, out=col)
+            else:
+                # Row-vector x matrix products (batched gemv); on CPU this orientation is faster than
+                # (n, m) x (m, 1), hence the transposed copy for the f update.
+                torch.bmm(b3 * t, KT, out=row)
+                s = row.reciprocal_()
+                torch.bmm(a3 * s, K, out=col)
             t = col.reciprocal()
         f_new = f + eps * torch.log(s[:, 0])
         g_new = g + eps * torch.log(t[:, 0])

@@ -98,6 +98,21 @@ def test_scaling_path_equals_log_domain_path():
     torch.testing.assert_close(fast.g, slow.g.detach(), atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("tol", [None, 1e-6])
+def test_small_problem_path_equals_batched_gemv_path(monkeypatch, tol):
+    """Problems of <= SMALL_PROBLEM entries iterate with broadcast products; larger ones with bmm: the same
+    iterates (float64: to rounding), with and without a tolerance (same stopping iteration)."""
+    C, a, b = _problem(7, 9, 6, seed=4)
+    b[2, 4:] = 0  # padding
+    assert 9 * 6 <= sk.SMALL_PROBLEM
+    small = sinkhorn(C, a, b, 0.05, n_iters=300, tol=tol)
+    monkeypatch.setattr(sk, "SMALL_PROBLEM", 0)  # force the bmm path
+    gemv = sinkhorn(C, a, b, 0.05, n_iters=300, tol=tol)
+    assert small.solver == gemv.solver == "sinkhorn-scaling" and small.n_iters == gemv.n_iters
+    torch.testing.assert_close(small.plan, gemv.plan, atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(small.cost, gemv.cost, atol=1e-12, rtol=0)
+
+
 def test_plan_is_gibbs_form_of_potentials():
     C, a, b = _problem(3, 6, 4, seed=5)
     r = sinkhorn(C, a, b, 0.1, n_iters=30)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -86,6 +87,7 @@ def ot_solve(
     y_mask: torch.Tensor | None,
     cfg: OTConfig,
     matching: bool = False,
+    cost: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "cosine",
 ) -> SinkhornResult:
     """Solve D(X_b, Y_b) for each pair and keep the diagnostics (``marginal_error``, ``converged``).
 
@@ -98,6 +100,8 @@ def ot_solve(
             ``cfg.n_iters`` fixed iterations (``converged`` against
             :data:`reprlab.ot.result.DEFAULT_CONVERGED_TOL`). A missed tolerance does not warn here: the
             callers aggregate ``converged`` and warn once per epoch (or per audit).
+        cost: ``"cosine"`` (1 - cos), or a callable ``(x, y) -> (B, n, m)`` that builds the same costs
+            another way (re-matching builds them with one product per image, see ``otc_rematch``).
     """
     tol = (cfg.match_tol if matching else cfg.loss_tol) if cfg.solver == "sinkhorn" else None
     n_iters = (cfg.match_max_iters if matching else cfg.loss_max_iters) if tol is not None else cfg.n_iters
@@ -110,7 +114,7 @@ def ot_solve(
             x_mask=x_mask,
             y_mask=y_mask,
             eps=cfg.eps,
-            cost="cosine",
+            cost=cost,
             n_iters=n_iters,
             solver=cfg.solver,
             tol=tol,

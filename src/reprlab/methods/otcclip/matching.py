@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reprlab.methods.otcclip.losses import OTConfig, ot_solve
@@ -152,7 +153,6 @@ def otc_rematch(
         top_idx = torch.cat([own_index[:, None], top_idx], dim=1)
         top_sim = torch.cat([sims.gather(1, own_index[:, None]), top_sim], dim=1)
         k += 1
-    x = patches[:, None].expand(batch, k, n, d).reshape(batch * k, n, d)
     xm = None if patch_mask is None else patch_mask[:, None].expand(batch, k, n).reshape(batch * k, n)
     flat = top_idx.reshape(-1)
     mask = pool_mask[flat]
@@ -163,7 +163,11 @@ def otc_rematch(
         tokens = pool_tokens.take(flat, width)
     else:
         tokens = pool_tokens[flat][:, :width]
-    solved = ot_solve(x, tokens, xm, mask[:, :width], ot, matching=True)
+    # [ours, speed] the k problems of an image share its patches: their cosine costs come from one product
+    # per image, (n, d) x (d, k * width), instead of copying the patches k times into (batch * k, n, d)
+    # problems; the solver only reads the shape of the expanded (never materialised) patch tensor.
+    x = patches.new_zeros(()).expand(batch * k, n, d)
+    solved = ot_solve(x, tokens, xm, mask[:, :width], ot, matching=True, cost=_shared_patch_cost(patches, k))
     dist = solved.cost.view(batch, k)
     score = alpha * top_sim - (1 - alpha) * dist
     if own_index is not None and margin > 0:
@@ -173,6 +177,23 @@ def otc_rematch(
     return MatchResult(
         top_idx[rows, best], alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best], dist, solved
     )
+
+
+def _shared_patch_cost(patches: torch.Tensor, k: int):
+    """Cost builder for ``k`` candidates per image: ``(x, y) -> 1 - cos`` of shape ``(batch * k, n, m)``,
+    where ``y (batch * k, m, d)`` holds the candidates image by image and ``x`` is ignored (it stands for the
+    patches repeated k times). Same values as :func:`reprlab.ot.costs.cosine_cost` up to rounding."""
+    pn = F.normalize(patches, dim=-1)
+
+    def cost(_x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        batch, n, d = pn.shape
+        m = y.shape[1]
+        yn = F.normalize(y, dim=-1).reshape(batch, k * m, d)
+        cos = torch.bmm(pn, yn.transpose(1, 2))  # (batch, n, k * m)
+        out = cos.view(batch, n, k, m).transpose(1, 2).reshape(batch * k, n, m)
+        return out.neg_().add_(1.0).clamp_(0.0, 2.0)
+
+    return cost
 
 
 @torch.no_grad()
