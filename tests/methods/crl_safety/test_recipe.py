@@ -50,6 +50,7 @@ def test_summary_has_every_model_metric_key(finished):
             assert math.isfinite(v)
             if k != "benign_kl":
                 assert 0.0 <= v <= 1.0  # shares
+        assert 0.0 <= summary[f"{m}.capability_mc_acc"] <= 1.0  # the offline multiple-choice check ran
     assert summary["base.benign_kl"] == 0.0  # KL(base || base)
     assert summary["refusal.benign_kl"] >= 0.0
 
@@ -114,9 +115,10 @@ def test_declared_claims_read_keys_the_run_writes(finished, name):
     claims = get_recipe(name).claims()
     res = {c.name: r for c, r in zip(claims, evaluate_claims(claims, summary))}
     assert {n for n, r in res.items() if r.verdict == "n/a"} == {
-        "crl_beats_prefill_ci",
-        "crl_beats_embedding_ci",
+        c.name for c in claims if c.name.endswith("_ci")
     }
+    if name == "crl-tiny":
+        assert {c.name for c in claims if c.name.endswith("_ci")} >= {"crl_beats_prefill_ci", "rr_moves_ci"}
     s = summary
     assert res["crl_beats_prefill"].holds == (
         s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"])

@@ -194,6 +194,14 @@ def headline(res: dict) -> dict[str, float]:
         "unparsed" in p for p in parts
     ):  # rubric judge: judged answers that held no score, over every attack
         out["judge_unparsed"] = sum(len(p.get("unparsed", [])) for p in parts)
+    if "capability_mc" in res:  # offline multiple-choice check
+        out["capability_mc_acc"] = res["capability_mc"]["acc"]
+        out["capability_mc_acc_norm"] = res["capability_mc"]["acc_norm"]
+    for task, metrics in res.get("lm_eval", {}).items():  # "acc,none" -> lm_eval_<task>_acc; no stderr keys
+        for k, v in metrics.items():
+            name, _, _filter = k.partition(",")
+            if not name.endswith("_stderr"):
+                out[f"lm_eval_{task}_{name}"] = v
     out["benign_degenerate"] = res["benign"]["degenerate"]
     out["xstest_degenerate"] = res["xstest"]["degenerate"]
     mech = res.get("mechanism")

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError, DataError
+from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, load_mc, mc_accuracy
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
@@ -122,6 +123,39 @@ class JudgeCfg:
 
 
 @dataclass(frozen=True)
+class CapabilityCfg:
+    mc: bool = field(
+        default=True,
+        metadata=_h(
+            "[ours] offline multiple-choice check (capability.py): acc / acc_norm of every model on mc_file, scored "
+            "as lm-evaluation-harness scores multiple choice; summary <model>.capability_mc_acc"
+        ),
+    )
+    mc_file: str = field(
+        default="",
+        metadata=_h(
+            "JSONL of {question, choices, answer} for the check; '' = the packaged 40 easy questions (ours, 4 choices)"
+        ),
+    )
+    lm_eval_tasks: tuple[str, ...] = field(
+        default=(),
+        metadata=_h(
+            "lm-evaluation-harness task names (e.g. [hellaswag,arc_easy]) run on every model through lm_eval's HFLM "
+            "on the in-memory model; needs the lmeval extra and, for hub tasks, internet. The paper's list is "
+            "[unknown]. Summary keys <model>.lm_eval_<task>_<metric>"
+        ),
+    )
+    lm_eval_include_path: str = field(
+        default="", metadata=_h("folder or YAML of extra (e.g. local) lm-evaluation-harness task definitions")
+    )
+    lm_eval_limit: float = field(
+        default=0.0, metadata=_h("documents per task: 0 = all, >= 1 a count, < 1 a share (lm_eval's limit)")
+    )
+    lm_eval_num_fewshot: int = field(default=-1, metadata=_h("few-shot examples; -1 = each task's default"))
+    lm_eval_batch_size: int = field(default=8, metadata=_h("lm_eval HFLM batch size"))
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int = field(default=0, metadata=_h("seed of splits, sampling and init"))
     model: str = field(
@@ -147,6 +181,7 @@ class Config:
     defense: DefenseCfg = field(default_factory=DefenseCfg)
     attack: AttackCfg = field(default_factory=AttackCfg)
     judge: JudgeCfg = field(default_factory=JudgeCfg)
+    capability: CapabilityCfg = field(default_factory=CapabilityCfg)
 
 
 def load_model(cfg: Config, device):
@@ -217,6 +252,9 @@ def preflight(cfg: Config) -> None:
             f"defense.rr.retain_scale must be one of {RR_RETAIN_SCALES}, got {cfg.defense.rr.retain_scale!r}"
         )
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
+    if cfg.capability.mc:
+        load_mc(cfg.capability.mc_file)  # validates a user's file before any model loads
+    check_lm_eval(cfg.capability.lm_eval_tasks, cfg.capability.lm_eval_include_path)
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "0") not in (
         "", "0"):  # fmt: skip
         # offline, a hub id that is not cached would fail only after the base model loaded; online it downloads
@@ -320,9 +358,25 @@ def run(cfg: Config, run) -> dict:
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
 
+    cap = cfg.capability
+    mc_items = load_mc(cap.mc_file) if cap.mc else []
+
     def do_eval(name, model, **kw):
-        return run.stage(f"eval_{name}", lambda: evaluate(name, model, tok, fmt, ev, cfg.attack, judge, mech_layers,
-                                                          allowed=allowed, seed=cfg.seed, log=log, **kw))  # fmt: skip
+        def stage():
+            res = evaluate(name, model, tok, fmt, ev, cfg.attack, judge, mech_layers, allowed=allowed, seed=cfg.seed,
+                           log=log, **kw)  # fmt: skip
+            if mc_items:
+                log(f"[{name}] multiple-choice capability check ({len(mc_items)} items)")
+                res["capability_mc"] = mc_accuracy(model, tok, mc_items)
+            if cap.lm_eval_tasks:
+                log(f"[{name}] lm-evaluation-harness: {', '.join(cap.lm_eval_tasks)}")
+                res["lm_eval"] = lm_eval_tasks(model, tok, cap.lm_eval_tasks, cap.lm_eval_include_path,
+                                               limit=cap.lm_eval_limit or None,
+                                               num_fewshot=None if cap.lm_eval_num_fewshot < 0 else cap.lm_eval_num_fewshot,
+                                               batch_size=cap.lm_eval_batch_size)  # fmt: skip
+            return res
+
+        return run.stage(f"eval_{name}", stage)
 
     if "base" in cfg.models:
         results["base"] = do_eval("base", ref)
