@@ -273,3 +273,29 @@ def test_open_clip_arch_says_why_it_is_not_available():
     cfg = get_recipe("otcclip-shards-tiny").build_config(["model.arch=open_clip:ViT-B-32"])
     with pytest.raises(ModelNotAvailableError):
         R.preflight(cfg)
+
+
+def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
+    """What a checkpoint holds (modules, optimiser) is enough: epoch 1 after a restart equals epoch 1 straight on
+    (the stream restarts each epoch from (seed, epoch); the bank carries the re-matching pool over)."""
+    pairs = _data(items, 32)
+    sh.write_shards(pairs, tmp_path, shard_size=4)
+    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    straight = _stream_trainer(pairs, tmp_path, "otcclip", cfg)
+    straight.run_epoch(0)
+    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
+    opt = straight.opt.state_dict()
+    opt = {
+        "state": {k: {n: t.clone() for n, t in v.items()} for k, v in opt["state"].items()},
+        "param_groups": opt["param_groups"],
+    }
+    a = straight.run_epoch(1)
+    resumed = _stream_trainer(pairs, tmp_path, "otcclip", cfg)
+    assert set(saved) == set(resumed.modules()) == {"model", "bank"}
+    for k, m in resumed.modules().items():
+        m.load_state_dict(saved[k])
+    resumed.opt.load_state_dict(opt)
+    b = resumed.run_epoch(1)
+    assert a["phase"] == "otc_match" and a["loss"] == b["loss"]
+    for (name, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(p, q), name

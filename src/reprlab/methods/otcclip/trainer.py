@@ -8,6 +8,10 @@ gradient averaging, and the per-epoch diagnostics. What a defense does to the ca
 losses it adds lives in its own class under :mod:`reprlab.methods.otcclip.defenses` (``none``, ``roclip``,
 ``safeclip``, ``cleanclip``, ``otcclip``; see each module's docstring for its phases and sources).
 
+The data comes from :meth:`Trainer.global_batches`: here the whole in-memory :class:`PairSet`, permuted per
+epoch; :class:`reprlab.methods.otcclip.stream.StreamTrainer` overrides it to feed shards or a CSV/JSONL window
+by window through DataLoader workers (with one window covering the data, both give bitwise-equal weights).
+
 Logged per epoch: ``phase``, ``loss`` and ``loss_<term>`` (epoch means of the defense's named loss terms),
 the defense's epoch-start stats (SafeCLIP: ``safe_share``, ``poison_in_risky``), and on matching epochs
 ``rematch_poison_moved``/``rematch_clean_kept`` (diagnostics from provenance, never seen by the defense) and,
