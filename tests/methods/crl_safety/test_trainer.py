@@ -387,3 +387,16 @@ def test_rr_relative_retain_is_l2_over_the_frozen_norm():
     )
     with pytest.raises(ConfigError, match="retain_scale"):
         L.rr_retain_loss(h, f, "l1")
+
+
+def test_rr_reroute_gradient_vanishes_at_the_start_and_not_once_states_differ():
+    """The measured start of RR: with LoRA's B = 0, h' = h and ReLU(cos(h', h)) sits at its maximum, so its gradient
+    on the adapters is ~0 (float noise only); with B != 0 it is not. (rr_probe, tiny Llama.)"""
+    from reprlab.methods.crl_safety.rr_probe import main
+
+    at_start = main(["--model", "tiny-llama", "--steps", "1", "--grad-steps", "1"])[0]
+    assert (
+        at_start["reroute"] == pytest.approx(1.0, abs=1e-6) and at_start["grad_retain"] == 0.0
+    )  # c_retain(0) = 0
+    moved = main(["--model", "tiny-llama", "--steps", "1", "--grad-steps", "1", "--b-std", "0.05"])[0]
+    assert at_start["grad_reroute"] < 1e-4 < moved["grad_reroute"], (at_start, moved)
