@@ -297,3 +297,15 @@ def test_cleanclip_adds_its_inmodal_loss_after_plain_clip_pretraining():
     inmodal = 0.5 * (rows_ce(u) + rows_ce(w))
     assert out.terms["inmodal"] == pytest.approx(inmodal, abs=1e-5)
     assert out.loss == pytest.approx(symmetric_infonce(u, w, scale) + 0.5 * inmodal, abs=1e-5)
+
+
+def test_otcclip_match_lr_scale_scales_the_step_size_of_matching_epochs_only():
+    tr = _planted("otcclip", rematch_warmup=1, match_lr_scale=0.1)
+    lrs = {}
+    for epoch in (0, 1):  # a non-matching and a matching epoch, same schedule position
+        tr.step(ALL, epoch, 0, tr.phase(epoch))
+        lrs[tr.phase(epoch)] = tr.opt.param_groups[0]["lr"]
+    base = _planted("otcclip", rematch_warmup=1)
+    base.step(ALL, 1, 0, base.phase(1))
+    assert lrs["otc_match"] == pytest.approx(0.1 * base.opt.param_groups[0]["lr"])
+    assert lrs["otc"] > lrs["otc_match"]

@@ -61,6 +61,15 @@ class DefenseConfig:
             "choices": ["pool", "kept_grad", "drop"],
         },
     )
+    match_lr_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "[ours] OTCCLIP learning-rate multiplier on matching epochs: re-matching feeds back on "
+            "itself within an epoch (images trained toward re-assigned captions rank their own captions lower "
+            "a few steps later), and a smaller step slows that loop",
+            "gt": 0,
+        },
+    )
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
     intra_subset: int = field(

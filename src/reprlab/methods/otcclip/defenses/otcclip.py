@@ -34,6 +34,9 @@ class OTCCLIP(Defense):
     def phase(self, epoch: int) -> str:
         return "otc_match" if self.is_match_epoch(epoch) else "otc"
 
+    def lr_scale(self, phase: str) -> float:
+        return self.cfg.match_lr_scale if phase == "otc_match" else 1.0
+
     # ---------------------------------------------------------------- caption assignment
     def pool(self, tr, b: Batch, txt: TextFeatures) -> dict:
         """Candidates = this global batch's captions (gathered, rows 0..batch-1) + the bank.
