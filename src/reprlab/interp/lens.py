@@ -89,7 +89,9 @@ def to_hooked_transformer(model: GPT):
     """
     tl = _require_lens()
     param = next(model.parameters())
-    ht = tl.HookedTransformer(tl_config(model.cfg, param.dtype), move_to_device=False).to(param.device)
+    ht = tl.HookedTransformer(tl_config(model.cfg, param.dtype), move_to_device=False)
+    if param.device.type != "cpu":  # HookedTransformer.to prints a line; the model is built on the CPU
+        ht = ht.to(param.device)
     sd = ht.state_dict()
     ours = gpt_to_tl_state_dict(model)
     missing = set(ours) - set(sd)

@@ -7,6 +7,13 @@ named :class:`~reprlab.hooks.HookPoint` (names in :mod:`reprlab.hooks.sites`). T
 :func:`from_hf_gpt2` loads a ``GPT2LMHeadModel``'s weights and reproduces its logits (tested). Attention
 uses ``F.scaled_dot_product_attention`` with a causal mask; sequences are right-padded, so no padding
 mask is needed for positions before the padding.
+
+Speed [ours, profiled in ``benchmarks/bench_rote.py``; ``docs/reason_to_rote.md`` has the profile]: on the CPU,
+PyTorch's flash-attention kernel is about 2x slower per position when the length is not a multiple of 16
+(15 for FDA: 2.0 vs 1.1 ms forward + backward for 64 x 4 heads), so attention pads queries, keys and values
+with zeros at the end to a multiple of 16 and drops the padded rows (causal: real positions never attend to
+them). ``forward(ids, start=k)`` computes the last block's MLP, the final LayerNorm and the unembedding only
+at positions ``>= k`` (the answer span of an answer-only loss), which no full-sequence model can skip.
 """
 
 from __future__ import annotations
@@ -59,12 +66,28 @@ class Attention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (batch, pos, d_model) -> (batch, pos, d_model)."""
         batch, pos, d_model = x.shape
-        q, k, v = self.qkv(x).split(d_model, dim=-1)
-        # (batch, n_heads, pos, d_head): the layout SDPA expects
-        q, k, v = (t.view(batch, pos, self.n_heads, self.d_head).transpose(1, 2) for t in (q, k, v))
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        qkv = self.qkv(x)  # (batch, pos, 3 * d_model)
+        padded = pos + _attn_pad(pos, x.device)
+        if padded != pos:  # zero rows at the end: later positions, never attended to by real ones (causal)
+            qkv = F.pad(qkv, (0, 0, 0, padded - pos))
+        # (batch, n_heads, padded, d_head): the layout SDPA expects
+        q, k, v = (
+            t.view(batch, padded, self.n_heads, self.d_head).transpose(1, 2) for t in qkv.split(d_model, -1)
+        )
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, :pos]
         z = self.hook_z(z.transpose(1, 2))  # (batch, pos, n_heads, d_head)
         return self.hook_out(self.proj(z.reshape(batch, pos, d_model)))
+
+
+def _attn_pad(pos: int, device: torch.device) -> int:
+    """Zero positions to append so that the CPU flash-attention kernel sees a multiple of 16 [ours].
+
+    Only on the CPU and only for short sequences (<= 64), where the measured gain holds; CUDA kernels are
+    not affected.
+    """
+    if device.type != "cpu" or pos > 64:
+        return 0
+    return -pos % 16
 
 
 class MLP(nn.Module):
@@ -98,9 +121,11 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x: (batch, pos, d_model) -> (batch, pos - start, d_model): attention over all positions, the MLP
+        only at positions >= ``start`` (``resid_mid`` and later hooks then see only those positions)."""
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.attn(self.ln1(x)))
+        x = self.hook_resid_mid((x + self.attn(self.ln1(x)))[:, start:])
         return self.hook_resid_post(x + self.mlp(self.ln2(x)))
 
 
@@ -125,14 +150,25 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, ids: Tensor) -> Tensor:
-        """ids: (batch, pos) int64 with pos <= n_ctx -> logits (batch, pos, d_vocab)."""
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """ids: (batch, pos) int64 with pos <= n_ctx -> logits (batch, pos - start, d_vocab).
+
+        ``start > 0`` returns the logits of positions ``start..pos-1`` only, equal to ``forward(ids)[:, start:]``
+        up to float rounding (tested): the last block's MLP, the final LayerNorm and the unembedding run on
+        those rows only. For training losses that read a suffix (answer-only loss); hooks of the last block
+        after its attention then see ``pos - start`` positions.
+        """
         pos = ids.shape[1]
         if pos > self.cfg.n_ctx:
             raise ValueError(f"sequence length {pos} exceeds n_ctx={self.cfg.n_ctx}")
+        if not 0 <= start < pos:
+            raise ValueError(f"start={start} must be in [0, {pos})")
         x = self.hook_embed(self.embed(ids) + self.pos_embed.weight[:pos])
-        for block in self.blocks:
-            x = block(x)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, start if i == last else 0)
+        if last < 0:  # no blocks: the embedding goes straight to the unembedding
+            x = x[:, start:]
         return self.unembed(self.ln_final(x))
 
     def hook_names(self) -> list[str]:

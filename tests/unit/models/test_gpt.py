@@ -62,3 +62,28 @@ def test_causal_and_length_checks():
         m(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(d_model=30, n_heads=4)
+
+
+@pytest.mark.parametrize("length", [5, 13, 15, 16])
+def test_padded_attention_equals_hf_at_every_length(length):
+    """CPU attention pads to a multiple of 16 (speed); results must equal HF GPT-2's unpadded eager path."""
+    hf = _hf()
+    ours = from_hf_gpt2(hf).eval()
+    ids = torch.randint(0, 23, (3, length))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("n_layers", [0, 1, 2])
+def test_start_returns_the_suffix_of_the_full_logits(n_layers):
+    torch.manual_seed(2)
+    m = GPT(GPTConfig(d_vocab=11, n_ctx=15, n_layers=n_layers, d_model=16, n_heads=2, d_mlp=32)).eval()
+    ids = torch.randint(0, 11, (4, 15))
+    with torch.no_grad():
+        full = m(ids)
+        for start in (0, 1, 9, 14):
+            out = m(ids, start=start)
+            assert out.shape == (4, 15 - start, 11)
+            torch.testing.assert_close(out, full[:, start:], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="start"):
+        m(ids, start=15)
