@@ -4,10 +4,14 @@
    (defense "none") vs OTCCLIP (a non-matching epoch with the inter/intra OT losses, and a matching epoch
    with OT re-ranking), with the speed options on (default) and off (``_unfused``: the step before issue
    11 item 8, same weights bitwise). The issue's target: overhead ratio <= 1.3.
+   The same after 3 trained epochs (``epoch_overhead_ratio_trained``), and with the training-loss OT at
+   the old fixed 50 iterations instead of ``loss_tol`` (``loss_tol_vs_fixed50_epoch``).
 2. Re-matching OT convergence: the configured tolerance solve (``match_tol`` 1e-3, at most
    ``match_max_iters`` 1000) vs the old fixed 50 iterations, on clustered sets (like trained features):
    largest marginal error and cost error vs a reference solve, and time; plus a matching epoch's time
    with each (``matching_epoch_tol_vs_fixed50``).
+   Training-loss OT convergence: ``loss_tol`` 1e-2 (at most 200 iterations) vs fixed 50 on the intra text
+   problems of a fresh model (the slowest case).
 3. Re-ranking B images x k shortlisted captions by the patch-token OT distance: our batched
    ``reprlab.ot.ot_distance`` vs POT ``ot.sinkhorn2`` (log-domain) called per pair, same eps and
    iterations; the costs are compared too.
@@ -30,10 +34,13 @@ from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
 from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
 from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer
+from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
 
 
-def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
+def epoch_times(n_pairs: int = 500, repeats: int = 2, trained_epochs: int = 0) -> dict[str, float]:
+    """CPU time of one epoch per variant (min over ``repeats``). ``trained_epochs`` > 0: every trainer first
+    trains that many epochs (features as later in a run, where the OT solves converge faster) and the timed
+    epochs are the next non-matching / matching ones."""
     bed = build_testbed(
         DataConfig(
             n_pairs=n_pairs,
@@ -49,6 +56,7 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
     mcfg, tcfg = ModelConfig(patch_size=14), TrainConfig(epochs=4, batch_size=50, warmup_steps=5)
     dcfg = DefenseConfig(bank_size=2048, rematch_warmup=1, rematch_every=2)
     fixed = replace(dcfg, ot=replace(dcfg.ot, match_tol=None))  # the old matching: 50 fixed iterations
+    fixed_loss = replace(dcfg, ot=replace(dcfg.ot, loss_tol=None))  # the old loss OT: 50 fixed iterations
     # the speed options off: the step as before item 8 (bitwise the same weights)
     unfused = replace(dcfg, fused_ot_losses=False, reuse_own_text=False, fused_encoders=False)
     out = {}
@@ -59,11 +67,19 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
         ("otcclip", 0, "otc_unfused", unfused),
         ("otcclip", 1, "otc_match_unfused", unfused),
         ("otcclip", 1, "otc_match_fixed50", fixed),
+        ("otcclip", 0, "otc_fixed50loss", fixed_loss),
+        ("otcclip", 1, "otc_match_fixed50loss", fixed_loss),
     )
+    if trained_epochs:
+        tcfg = replace(tcfg, epochs=trained_epochs + 4)
     for defense, epoch, label, dc in runs:
         torch.manual_seed(0)
         tr = Trainer(TinyCLIP(mcfg, len(tok)), bed.pairs, tok, defense, tcfg, dc, seed=0)
-        if label.startswith("otc_match"):
+        for e in range(trained_epochs):
+            tr.run_epoch(e)
+        if trained_epochs:  # the next epoch of the wanted kind (W = 1, R = 2: odd epochs match)
+            epoch = _next(trained_epochs, epoch)
+        elif label.startswith("otc_match"):
             tr.run_epoch(0)  # fill the bank as in a real run
         times = []
         for _ in range(repeats):
@@ -72,6 +88,11 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         out[label] = min(times)  # min over repeats: least disturbed by other processes
     return out
+
+
+def _next(start: int, kind: int) -> int:
+    """The first epoch >= ``start`` that matches (``kind`` 1) or not (``kind`` 0) when W = 1, R = 2."""
+    return start if start % 2 == kind else start + 1
 
 
 def _cpu_clock(fn):
@@ -133,6 +154,50 @@ def match_convergence(batch: int = 32 * 17, n: int = 16, m: int = 14) -> list[di
     return rows
 
 
+def loss_convergence(batch: int = 64) -> list[dict]:
+    """Training-loss OT as configured (``loss_tol`` 1e-2, at most ``loss_max_iters`` 200) vs the old fixed 50
+    iterations, on the intra text term's problems at initialisation (a caption's tokens vs a word-dropout view
+    of it, fresh TinyCLIP: the slowest case measured in training): largest marginal error, cost error and
+    loss error vs a reference run to 1e-7, and time."""
+    bed = build_testbed(
+        DataConfig(
+            n_pairs=200, max_items=2, captions_per_target=5, backdoor_pairs=5, n_eval=10, n_probe_train=10
+        ),
+        seed=0,
+    )
+    tok = WordTokenizer.from_texts(bed.pairs.captions)
+    torch.manual_seed(0)
+    model = TinyCLIP(ModelConfig(patch_size=14), len(tok))
+    ids, mask = tok.encode(bed.pairs.captions[:batch], model.cfg.max_len)
+    g = torch.Generator().manual_seed(0)
+    ids1, mask1 = drop_words(ids, mask, g, 0.1)
+    ids2, mask2 = drop_words(ids, mask, g, 0.1)
+    with torch.no_grad():
+        t1, t2 = model.encode_text(ids1, mask1), model.encode_text(ids2, mask2)
+    x, y, xm, ym = t1.tokens, t2.tokens, mask1, mask2
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = ot_solve(x, y, xm, ym, OTConfig(loss_tol=1e-7, loss_max_iters=20_000))
+        for label, cfg in (("fixed 50", OTConfig(loss_tol=None)), ("tol 1e-2", OTConfig())):
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                res = ot_solve(x, y, xm, ym, cfg)
+                times.append(time.perf_counter() - t)
+            rows.append(
+                {
+                    "solve": label,
+                    "iters": res.n_iters,
+                    "max_marginal_error": float(res.marginal_error.max()),
+                    "max_cost_error": float((res.cost - ref.cost).abs().max()),
+                    "loss_error": float((res.cost.mean() - ref.cost.mean()).abs()),
+                    "seconds": min(times),
+                }
+            )
+    return rows
+
+
 def rematch_throughput(
     batch: int = 32, k: int = 16, n: int = 16, m: int = 14, d: int = 64, eps: float = 0.05, n_iters: int = 50
 ) -> dict[str, float]:
@@ -172,11 +237,24 @@ def rematch_throughput(
 def main() -> None:
     torch.set_num_threads(1)
     ep = _cpu_clock(lambda: epoch_times(repeats=4))
+    ep_t = _cpu_clock(lambda: epoch_times(repeats=2, trained_epochs=3))
     rm = rematch_throughput()
     conv = match_convergence()
-    print(f"{'epoch (500 pairs, batch 50)':32s} {'CPU s':>9s} {'ratio vs CLIP':>14s}")
-    for label, secs in ep.items():
-        print(f"{label:32s} {secs:9.2f} {secs / ep['clip']:14.2f}")
+    lconv = loss_convergence()
+    for title, times in (("fresh model", ep), ("after 3 trained epochs", ep_t)):
+        print(f"{'epoch (500 pairs, batch 50), ' + title:48s} {'CPU s':>9s} {'ratio vs CLIP':>14s}")
+        for label, secs in times.items():
+            print(f"{label:48s} {secs:9.2f} {secs / times['clip']:14.2f}")
+        print()
+    print("training-loss OT convergence: 64 intra-text problems (caption vs word-dropout view), fresh model")
+    print(
+        f"{'solve':10s} {'iters':>6s} {'max marg err':>13s} {'max cost err':>13s} {'loss err':>10s} {'ms':>8s}"
+    )
+    for r in lconv:
+        print(
+            f"{r['solve']:10s} {r['iters']:6d} {r['max_marginal_error']:13.2e} {r['max_cost_error']:13.2e} "
+            f"{r['loss_error']:10.2e} {1e3 * r['seconds']:8.1f}"
+        )
     print(
         f"\nre-ranking {rm['pairs']} (image, caption) OT problems, 16 patches x <=14 tokens, eps 0.05, 50 iters"
     )
@@ -197,10 +275,28 @@ def main() -> None:
     # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
     # half the post-warm-up epochs match)
     overhead = 0.5 * (ep["otc"] + ep["otc_match"]) / ep["clip"]
+    lc = {r["solve"]: r for r in lconv}
     print(
         json.dumps(
             {
                 "epoch_overhead_ratio": round(overhead, 3),
+                "epoch_overhead_ratio_trained": round(
+                    0.5 * (ep_t["otc"] + ep_t["otc_match"]) / ep_t["clip"], 3
+                ),
+                # the training-loss OT solved to loss_tol vs the old fixed 50 iterations: epoch time ratio
+                "loss_tol_vs_fixed50_epoch": round(
+                    (ep["otc"] + ep["otc_match"]) / (ep["otc_fixed50loss"] + ep["otc_match_fixed50loss"]), 3
+                ),
+                "loss_tol_vs_fixed50_epoch_trained": round(
+                    (ep_t["otc"] + ep_t["otc_match"])
+                    / (ep_t["otc_fixed50loss"] + ep_t["otc_match_fixed50loss"]),
+                    3,
+                ),
+                "loss_ot_max_marginal_error": {k: r["max_marginal_error"] for k, r in lc.items()},
+                "loss_ot_loss_error": {k: r["loss_error"] for k, r in lc.items()},
+                "loss_ot_time_tol_vs_fixed50": round(
+                    lc["tol 1e-2"]["seconds"] / lc["fixed 50"]["seconds"], 2
+                ),
                 "epoch_overhead_ratio_matching": round(ep["otc_match"] / ep["clip"], 3),
                 "epoch_overhead_ratio_nonmatching": round(ep["otc"] / ep["clip"], 3),
                 # the same with fused_ot_losses / reuse_own_text / fused_encoders off (the pre-item-8 step)
