@@ -28,11 +28,11 @@ def main(shards: str, out: str, workers: int) -> None:
     model = TinyCLIP(CFG, len(tok))
     init = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=2)
-    tr = st.StreamTrainer(model, src, tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=2), DCFG, 0,
+    tr = st.StreamTrainer(model, src, tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=2, lr=0.5), DCFG, 0,
                           cfg, n_samples=src.count(), dist=info)  # fmt: skip
     # Adam turns float-noise gradients (exactly-zero ones, e.g. attention key biases) into lr-sized steps: compare
     # with SGD, as the in-memory DDP test does
-    tr.opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    tr.opt = torch.optim.SGD(model.parameters(), lr=0.5)  # the trainer sets each step's lr from train.lr
     stats = [tr.run_epoch(e) for e in range(2)]
     if info.is_main:
         torch.save({"world": info.world_size, "stats": stats, "init": init, "state": model.state_dict()}, out)

@@ -202,14 +202,16 @@ def test_two_torchrun_ranks_on_the_shard_path_train_like_one_process(items, tmp_
     assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
     for a, b in zip(one["stats"], two["stats"]):
         # the CLIP term is over the gathered global batch (the OT terms are rank-local means whose gradients the
-        # all-reduce averages, so rank 0's logged total differs from one process's): float32 sums in another order
+        # all-reduce averages, so rank 0's logged total differs from one process's): float32 sums in another order,
+        # measured <= 8e-7 relative
         assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
         for k in ("data_steps", "n_poison_seen", "rematch_poison_moved", "rematch_clean_kept"):
             assert a.get(k) == b.get(k), k
     moved = 0.0
     for name, w in one["state"].items():
-        # 8 SGD steps on the same global batches, float32 sums in another order: agree to ~1e-6
-        assert torch.allclose(two["state"][name], w, atol=1e-5, rtol=1e-4), name
+        # 8 SGD steps at lr 0.5 amplify float32 sums taken in another order (gathers, gradient all-reduce):
+        # measured max difference 2.5e-5 against weight moves of up to 0.2
+        assert torch.allclose(two["state"][name], w, atol=1e-4, rtol=0), name
         moved += float((w - one["init"][name]).abs().sum())
     assert moved > 1e-2  # training changed the weights: the comparison is not vacuous
 
