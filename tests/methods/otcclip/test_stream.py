@@ -79,6 +79,8 @@ def test_order_depends_on_slots_not_on_workers_and_windows_partition_the_stream(
         cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=3)
         seen[workers], stats = _rounds(_stream_trainer(pairs, tmp_path, "none", cfg))
     assert seen[0] == seen[1] == seen[2] == seen[4]
+    three = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(slots=4, num_workers=3))
+    assert three.num_workers == 2  # lowered to split the 4 slots evenly
     windows = seen[0]
     assert [len(w) for w in windows] == [16, 16] and stats["data_windows"] == 2
     assert sorted(i for w in windows for i in w) == list(range(32))  # every sample once per epoch
@@ -301,3 +303,50 @@ def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
     assert a["phase"] == "otc_match" and a["loss"] == b["loss"]
     for (name, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_path):
+    """otcclip-shards-tiny on otcclip-tiny's miniature config: the shards stage writes the testbed, every defense
+    trains from the stream and is evaluated; a second run streams the first run's shards as a user folder
+    (stream.source), and a run killed in otcclip's last epoch resumes to the same summary."""
+    import shutil
+
+    import yaml
+
+    from reprlab.config import load_config
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.runs import Run
+    from tests.methods.otcclip.test_recipe import MINI
+
+    spec = yaml.safe_load((Path(R.__file__).parent / "recipes" / "otcclip-shards-tiny.yaml").read_text())
+    mini = [*MINI, "stream.shard_size=42", "stream.window_batches=4", "audit_defense=", "threads=1"]
+    cfg = load_config(R.Config, spec["config"], mini)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-shards-tiny", quiet=True)
+    summary = R.run(cfg, run)
+    manifest = json.loads((run.dir / "shards" / sh.MANIFEST).read_text())
+    assert manifest["n_samples"] == 160 + 2 * 4 and len(manifest["shards"]) == 4
+    for d in R.DEFENSES:
+        assert {
+            f"{d}.{m}" for m in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
+        } <= set(summary)
+    log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    # 2 slots x 84 pairs, 10 a minibatch: 8 rounds of 20 in windows of 4 batches
+    assert {(r["data_steps"], r["data_windows"]) for r in log} == {(8, 2)}
+    matching = [r for r in log if r.get("phase") == "otc_match"]
+    assert matching and all(r["n_poison_seen"] + r["n_clean_seen"] == 160 for r in matching)  # 8 x 20 pairs
+    assert R.report_sections(run.dir)[0].table
+    # the first run's shards as a user folder: vocabulary from their captions + the prompts, testbed evaluation
+    user = load_config(
+        R.Config,
+        spec["config"],
+        [*mini, "stream.write_shards=false", f"stream.source={run.dir / 'shards'}", "defenses=[none]"],
+    )
+    other = R.run(user, Run.create(tmp_path / "u", user, "otcclip-shards-tiny", quiet=True))
+    assert 0 <= other["none.zeroshot_acc"] <= 1 and other["n_pairs"] == 168
+    # killed during otcclip's last epoch: resume from the epoch-1 checkpoint (weights, optimiser, bank, RNG)
+    (run.dir / "stages" / "otcclip.json").unlink()
+    shutil.rmtree(run.checkpoints("otcclip")[-1])
+    resumed = R.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-shards-tiny", resume=True, quiet=True))
+    for k, v in summary.items():
+        if k.startswith("otcclip."):
+            assert resumed[k] == pytest.approx(v, abs=1e-6), k

@@ -87,7 +87,10 @@ class StreamConfig:
     )
     num_workers: int = field(
         default=2,
-        metadata={"help": "DataLoader workers per rank (must divide the rank's slots; 0 = in-process)"},
+        metadata={
+            "help": "DataLoader workers per rank (0 = in-process); lowered to the largest count that splits the "
+            "rank's slots evenly"
+        },
     )
     window_batches: int = field(
         default=10,
@@ -474,11 +477,9 @@ class StreamTrainer(Trainer):
         if sc.slots % d.world_size:
             raise ConfigError(f"stream.slots {sc.slots} is not a multiple of the world size {d.world_size}")
         local = sc.slots // d.world_size
-        if sc.num_workers and local % sc.num_workers:
-            raise ConfigError(
-                f"stream.num_workers {sc.num_workers} does not divide this rank's {local} slots (stream.slots "
-                f"{sc.slots} / world size {d.world_size})"
-            )
+        # the data order depends on the slots only, so fewer workers change nothing but speed: take the largest
+        # count <= num_workers that splits this rank's slots evenly (a rank with 1 slot gets 1 worker)
+        self.num_workers = max((w for w in range(1, sc.num_workers + 1) if local % w == 0), default=0)
         if isinstance(source, ShardSource) and len(source) < sc.slots:
             raise ConfigError(
                 f"stream.slots {sc.slots} exceeds the {len(source)} shards of {source.name}: a slot would be empty"
@@ -500,7 +501,7 @@ class StreamTrainer(Trainer):
     def global_batches(self, epoch: int, phase: str, stats: dict):
         """Windows of the stream, each shuffled and cut into global batches (module docstring)."""
         self.stream.set_epoch(epoch)
-        loader = DataLoader(self.stream, batch_size=None, num_workers=self.scfg.num_workers)
+        loader = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers)
         it, pending, ended = iter(loader), {s: deque() for s in self.local_slots}, set()
         self.skipped = Counter()
         split: dict[str, list] = {}
