@@ -213,3 +213,67 @@ def test_head_ablation_correlation_is_compared_with_unrelated_metrics():
     assert np.array(res["effect_memorization"]["effect"]).shape == (2, 4)
     assert res["corr_excess"] == pytest.approx(res["corr"] - res["corr_null_unrelated"])
     assert -1 <= res["corr"] <= 1 and -1 <= res["corr_null_unrelated"] <= 1
+
+
+# ---------------------------------------------------------------- label-permuted null (issue 12, item 2)
+
+
+def test_permute_labels_gives_every_item_another_items_answer():
+    clean, clean_b, *_ = _fda("reversed", n_train=300, n_test=10)
+    perm = A.permute_labels(clean_b, seed=0)
+    s = 10
+    assert torch.equal(perm.ids[:, :s], clean_b.ids[:, :s])  # prompts unchanged
+    assert torch.equal(perm.ids_true, clean_b.ids_true) and not perm.noisy.any()
+    ans, new = clean_b.ids[:, s:], perm.ids[:, s:]
+    # the label multiset is unchanged: each new answer is some item's answer, each used once
+    assert sorted(map(tuple, new.tolist())) == sorted(map(tuple, ans.tolist()))
+    # almost no item keeps its own answer (only when two items share a sum): labels carry no input signal
+    assert (new == ans).all(1).float().mean() < 0.05
+    assert torch.equal(A.permute_labels(clean_b, seed=0).ids, perm.ids)  # fixed by the seed
+    assert not torch.equal(A.permute_labels(clean_b, seed=1).ids, perm.ids)
+
+
+def test_permuted_null_reads_the_same_items_and_metrics_as_the_real_circuits():
+    """The null differs from the real model's overlap only through the model: given the real model itself
+    it must give excess exactly 0; given another model, another IoU."""
+    clean, clean_b, te, te_b, noisy, noisy_b = _fda("reversed", n_train=1200, n_test=50)
+    model = _untrained(2)
+    real, _ = A.run_circuits(model, clean_b, noisy_b, top_k_frac=0.02, n_items=40, seed=0, n_null=1)
+    same, _ = A.run_circuits(model, clean_b, noisy_b, top_k_frac=0.02, n_items=40, seed=0, n_null=1)
+    assert A.permuted_null_summary(real, same)["iou_excess_permuted"] == 0.0
+    other, _ = A.run_circuits(_untrained(5), clean_b, noisy_b, top_k_frac=0.02, n_items=40, seed=0, n_null=1)
+    res = A.permuted_null_summary(real, other)
+    assert (
+        res["iou_null_permuted"] == other["iou"] and res["iou_excess_permuted"] == real["iou"] - other["iou"]
+    )
+
+
+class _FakeRun:
+    device = torch.device("cpu")
+    import logging
+
+    logger = logging.getLogger("test")
+
+    def progress(self, it, total=None, desc=""):
+        return it
+
+
+def test_label_permuted_model_fits_the_permuted_labels_not_the_true_ones():
+    """Planted signal: on 32 items a tiny model memorises whatever labels it is trained on; trained on the
+    permuted set it must answer the permuted labels and not the true ones."""
+    from reprlab.methods.reason_to_rote.evaluate import answer_matches
+    from reprlab.methods.reason_to_rote.recipe import _StageRun
+    from reprlab.methods.reason_to_rote.train import TrainConfig, train
+
+    clean, clean_b, te, te_b, *_ = _fda("reversed", n_train=60, n_test=10)
+    items = clean_b.select(torch.arange(32))
+    fit = A.permute_labels(items, seed=0)
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(d_vocab=len(V), n_ctx=16, n_layers=1, d_model=32, n_heads=2, d_mlp=64))
+    cfg = TrainConfig(steps=300, batch_size=32, lr=1e-2, warmup_steps=10, eval_every=300, snapshot_every=0)
+    stage_run = _StageRun(_FakeRun())
+    train(m, fit, te_b, cfg, stage_run, seed=0)
+    assert len(stage_run.rows) == 1  # dynamics kept in memory, not in the main run's metrics.jsonl
+    em_perm = answer_matches(m, fit.ids, fit).all(1).float().mean().item()
+    em_true = answer_matches(m, items.ids, items).all(1).float().mean().item()
+    assert em_perm > 0.5 and em_true < 0.2, (em_perm, em_true)

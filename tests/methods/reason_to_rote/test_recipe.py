@@ -101,3 +101,21 @@ def test_sweep_curves_section_has_one_panel_per_seed(tmp_path):
     sec = sweep_curves_section(sorted(tmp_path.glob("seed-*")))
     assert [ax.get_title() for ax in sec.figure.axes] == ["seed-0", "seed-1"]
     assert sweep_curves_section([tmp_path / "missing"]) is None
+
+
+@pytest.mark.slow
+def test_fda_recipe_permuted_null(tmp_path):
+    out = execute(
+        "rote-fda-tiny", [*FDA_TINY, "analysis.permuted_null=true"], out=tmp_path / "run", quiet=True
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("circuit_iou_null_permuted", "circuit_iou_excess_permuted", "permuted_model_train_em"):
+        assert key in summary and math.isfinite(summary[key]), key
+    assert (
+        summary["circuit_iou_excess_permuted"]
+        == summary["circuit_iou"] - summary["circuit_iou_null_permuted"]
+    )
+    pn = json.loads((out / "analysis" / "circuits_permuted_null.json").read_text())
+    assert pn["steps"] == summary["steps"]  # as many steps as the real run
+    claims = {c["claim"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
+    assert claims["shared_circuit_vs_permuted"]["verdict"] in ("holds", "does not hold")  # evaluated, not n/a

@@ -27,7 +27,7 @@ noisy labels for the analyses only).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -71,6 +71,16 @@ class AnalysisConfig:
         default=False, metadata={"help": "also build edge circuits (EAP) with the same nulls"}
     )
     edge_top_frac: float = field(default=0.2, metadata={"help": "share of edges kept in an edge circuit"})
+    permuted_null: bool = field(
+        default=False,
+        metadata={"help": "also train a label-permuted model (same init, batches and steps; every item gets "
+                          "another item's answer) and compare circuit IoUs with it on the same items [ours]; "
+                          "doubles the training time"},
+    )  # fmt: skip
+    permuted_steps: int = field(
+        default=0,
+        metadata={"help": "steps of the label-permuted model (0 = as many as the real run took)", "ge": 0},
+    )
     edge_ig_steps: int = field(
         default=0, metadata={"help": "integrated-gradient steps for EAP-IG (0 = plain EAP)"}
     )
@@ -211,19 +221,46 @@ def run(cfg: Config, run) -> dict:
 
     circ = stage("circuits", circuits)
     extra_keys = {}
+    if an.permuted_null:
+
+        def permuted() -> dict:
+            # [ours] same init (re-seeded), same batch order and schedule as the real model, labels permuted;
+            # trained inside this stage without checkpoints: an interrupted run redoes the stage on resume
+            torch.manual_seed(cfg.seed)
+            null_model = GPT(gcfg)
+            steps = an.permuted_steps or tr.step
+            tcfg = replace(cfg.train, max_steps=steps, stop_memorized=1.01, snapshot_every=0,
+                           eval_every=max(steps, 1))  # fmt: skip
+            fit = A.permute_labels(train_set, cfg.seed)
+            ptr = train(null_model, fit, test, tcfg, _StageRun(run), cfg.seed)
+            null_model.to(run.device).eval()
+            summary, _ = A.run_circuits(null_model, clean_all, noisy, an.circuit_top_frac, an.circuit_items,
+                                        cfg.seed, an.circuit_nulls)  # fmt: skip
+            own = answer_matches(null_model, fit.ids.to(run.device), fit).all(1).float().mean().item()
+            return {**A.permuted_null_summary(circ, summary), "steps": ptr.step,
+                    "train_em_permuted_labels": own, "test_em": ptr.final.get("clean_test_em", float("nan")),
+                    "circuits": summary}  # fmt: skip
+
+        pn = stage("circuits_permuted_null", permuted)
+        extra_keys |= {
+            "circuit_iou_null_permuted": pn["iou_null_permuted"], "circuit_iou_excess_permuted": pn["iou_excess_permuted"],
+            "permuted_model_train_em": pn["train_em_permuted_labels"], "permuted_model_test_em": pn["test_em"],
+        }  # fmt: skip
     if an.edge_circuits:
         ec = stage("edge_circuits", lambda: A.run_edge_circuits(model, clean_all, noisy, an.edge_top_frac,
                                                                 an.circuit_items, cfg.seed, an.circuit_nulls,
                                                                 an.edge_ig_steps))  # fmt: skip
         extra_keys = {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
                      "edge_circuit_faithfulness_mem": ec["faithfulness_memorization"],
-                     "edge_circuit_faithfulness_gen": ec["faithfulness_generalization"]}  # fmt: skip
+                     "edge_circuit_faithfulness_gen": ec["faithfulness_generalization"],
+                     "edge_circuit_iou_excess": ec["iou"] - ec["iou_null_unrelated"]}  # fmt: skip
     if an.head_ablation:
         ha = stage("head_ablation", lambda: A.run_head_ablation(model, clean_all, noisy, an.circuit_items, cfg.seed,
                                                                 an.circuit_nulls))  # fmt: skip
         extra_keys |= {
             "head_ablation_corr": ha["corr"],
             "head_ablation_corr_null_unrelated": ha["corr_null_unrelated"],
+            "head_ablation_corr_excess": ha["corr"] - ha["corr_null_unrelated"],
         }
     layer = an.neuron_layer % mc.n_layers
     neurons = stage("neurons", lambda: A.run_neurons(model, circ["memorization_scores"], probe_set, probe_items,
@@ -254,6 +291,27 @@ def run(cfg: Config, run) -> dict:
         "neuron_z_noisy": neurons["z_noisy_abs"], "neuron_z_clean": neurons["z_clean_abs"],
         "n_noisy": len(noisy_items), **extra_keys,
     }  # fmt: skip
+
+
+class _StageRun:
+    """A :class:`~reprlab.runs.Run` stand-in for training a null model inside one stage: dynamics are kept in
+    memory (not in ``metrics.jsonl``, whose steps belong to the main model) and no checkpoints are written."""
+
+    def __init__(self, run):
+        self._run, self.device, self.logger, self.resume = run, run.device, run.logger, False
+        self.rows: list[dict] = []
+
+    def log(self, step: int, **metrics) -> None:
+        self.rows.append({"step": step, **metrics})
+
+    def save_checkpoint(self, *args, **kwargs) -> None:
+        return None
+
+    def load_checkpoint(self, *args, **kwargs) -> None:
+        return None
+
+    def progress(self, iterable, total=None, desc=""):
+        return self._run.progress(iterable, total=total, desc=f"{desc} (label-permuted null)")
 
 
 def report_sections(run_dir: Path):
