@@ -203,10 +203,12 @@ def test_two_torchrun_ranks_on_the_shard_path_train_like_one_process(items, tmp_
     assert two["world"] == 2 and one["world"] == 1
     assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
     for a, b in zip(one["stats"], two["stats"]):
-        # the CLIP term is over the gathered global batch (the OT terms are rank-local means whose gradients the
-        # all-reduce averages, so rank 0's logged total differs from one process's): float32 sums in another order,
-        # measured <= 8e-7 relative
+        # the CLIP term is over the gathered global batch, the OT terms are rank-local means (averaged over ranks
+        # for the log): float32 sums in another order, measured <= 8e-7 relative
         assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
+        # the logged total is averaged over ranks; its OT terms stop on a tolerance checked over the solver's batch
+        # (a rank's half batch may stop at another iteration than the full batch): measured 2e-5 relative
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         for k in ("data_steps", "n_poison_seen", "rematch_poison_moved", "rematch_clean_kept"):
             assert a.get(k) == b.get(k), k
     moved = 0.0

@@ -198,6 +198,11 @@ class Trainer:
         counts = all_gather_nograd(counts[None]).sum(0) if self.dist.enabled else counts
         stats["loss"] = float(np.mean(losses))
         stats.update({f"loss_{k}": float(np.mean(v)) for k, v in terms.items()})
+        if self.dist.enabled:  # OT terms are means over this rank's rows: log the global batch's mean
+            keys = ["loss", *(f"loss_{k}" for k in terms)]
+            vals = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(vals)
+            stats.update(zip(keys, (vals / self.dist.world_size).tolist()))
         if phase in self.impl.match_phases:
             n_p, moved, n_c, kept = counts.tolist()
             stats.update(
