@@ -79,15 +79,33 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def augment_images(images: torch.Tensor, g: torch.Generator, shift: int, brightness: float) -> torch.Tensor:
-    """Random translation (zero fill) and brightness of ``uint8 (B, C, H, W)`` -> float in [-1, 1]."""
+def augment_images(
+    images: torch.Tensor,
+    g: torch.Generator,
+    shift: int,
+    brightness: float,
+    rows: slice | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Random translation (zero fill) and brightness of ``uint8 (B, C, H, W)`` -> float in [-1, 1].
+
+    The random draws cover all B images (so every rank draws the same stream); only ``rows`` (default all) are
+    computed, on ``device`` (default the images'): a rank augments its own rows, on its accelerator, rather
+    than the whole global batch on the CPU. Returns ``(len(rows), C, H, W)``.
+    """
     b, _, h, w = images.shape
-    padded = F.pad(images.float(), (shift,) * 4)
     dx = torch.randint(0, 2 * shift + 1, (b,), generator=g).tolist()
     dy = torch.randint(0, 2 * shift + 1, (b,), generator=g).tolist()
-    out = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
     scale = 1 + (torch.rand(b, 1, 1, 1, generator=g) * 2 - 1) * brightness
-    return (out * scale).clamp(0, 255) / 127.5 - 1.0
+    rows = rows or slice(0, b)
+    padded = F.pad(images[rows].to(device).float(), (shift,) * 4)
+    out = torch.stack(
+        [
+            padded[i - rows.start, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w]
+            for i in range(rows.start, rows.stop)
+        ]
+    )
+    return (out * scale[rows].to(out.device)).clamp(0, 255) / 127.5 - 1.0
 
 
 def drop_words(
@@ -245,20 +263,21 @@ class Trainer:
         tc, dev = self.tcfg, self.device
         # augmentation noise for the whole global batch, identical on every rank
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 10_007 + step)
-        view1 = augment_images(self.data.images[idx], g, tc.shift, tc.brightness)
+        sl = shard(len(idx), self.dist.rank, self.dist.world_size)
+        images = self.data.images[idx]
+        view1 = augment_images(images, g, tc.shift, tc.brightness, rows=sl, device=dev)
         ids1, mask1 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout)
-        view2 = augment_images(self.data.images[idx], g, tc.shift, tc.brightness)
+        view2 = augment_images(images, g, tc.shift, tc.brightness, rows=sl, device=dev)
         ids2, mask2 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout)
         # trim padding columns shared by the whole global batch (same on every rank)
         width = int(self.mask[idx].sum(1).max())
         ids1, mask1, ids2, mask2 = ids1[:, :width], mask1[:, :width], ids2[:, :width], mask2[:, :width]
-        sl = shard(len(idx), self.dist.rank, self.dist.world_size)
         return Batch(
             idx,
             sl,
             idx[sl],
-            view1[sl].to(dev),
-            view2[sl].to(dev),
+            view1,
+            view2,
             ids1[sl].to(dev),
             mask1[sl].to(dev),
             ids2[sl].to(dev),
