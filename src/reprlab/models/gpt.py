@@ -63,8 +63,9 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()
         self.hook_out = HookPoint()
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (batch, pos, d_model) -> (batch, pos, d_model)."""
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x: (batch, pos, d_model) -> (batch, pos - start, d_model): keys and values at every position, the
+        output (``hook_z`` onwards) only for queries ``>= start``."""
         batch, pos, d_model = x.shape
         qkv = self.qkv(x)  # (batch, pos, 3 * d_model)
         padded = pos + _attn_pad(pos, x.device)
@@ -74,9 +75,9 @@ class Attention(nn.Module):
         q, k, v = (
             t.view(batch, padded, self.n_heads, self.d_head).transpose(1, 2) for t in qkv.split(d_model, -1)
         )
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, :pos]
-        z = self.hook_z(z.transpose(1, 2))  # (batch, pos, n_heads, d_head)
-        return self.hook_out(self.proj(z.reshape(batch, pos, d_model)))
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)[:, :, start:pos]
+        z = self.hook_z(z.transpose(1, 2))  # (batch, pos - start, n_heads, d_head)
+        return self.hook_out(self.proj(z.reshape(batch, pos - start, d_model)))
 
 
 def _attn_pad(pos: int, device: torch.device) -> int:
@@ -122,10 +123,11 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """x: (batch, pos, d_model) -> (batch, pos - start, d_model): attention over all positions, the MLP
-        only at positions >= ``start`` (``resid_mid`` and later hooks then see only those positions)."""
+        """x: (batch, pos, d_model) -> (batch, pos - start, d_model): attention reads every position; its
+        output projection and the MLP run only at positions >= ``start`` (``attn.hook_z`` and every later hook
+        of the block then see only those positions)."""
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid((x + self.attn(self.ln1(x)))[:, start:])
+        x = self.hook_resid_mid(x[:, start:] + self.attn(self.ln1(x), start))
         return self.hook_resid_post(x + self.mlp(self.ln2(x)))
 
 
@@ -154,8 +156,8 @@ class GPT(nn.Module):
         """ids: (batch, pos) int64 with pos <= n_ctx -> logits (batch, pos - start, d_vocab).
 
         ``start > 0`` returns the logits of positions ``start..pos-1`` only, equal to ``forward(ids)[:, start:]``
-        up to float rounding (tested): the last block's MLP, the final LayerNorm and the unembedding run on
-        those rows only. For training losses that read a suffix (answer-only loss); hooks of the last block
+        up to float rounding (tested): the last block's attention output projection and MLP, the final
+        LayerNorm and the unembedding run on those rows only. For training losses that read a suffix (answer-only loss); hooks of the last block
         after its attention then see ``pos - start`` positions.
         """
         pos = ids.shape[1]
