@@ -63,15 +63,58 @@ def test_stream_reads_lazily(pairs, tmp_path, monkeypatch):
     """The first sample arrives after opening one shard: nothing is preloaded."""
     sh.write_shards(pairs, tmp_path, shard_size=5)
     opened = []
-    real_open = sh.tarfile.open
-    monkeypatch.setattr(
-        sh.tarfile, "open", lambda p, mode="r", **kw: opened.append(p) or real_open(p, mode, **kw)
-    )
+    real = sh._ustar_members
+    monkeypatch.setattr(sh, "_ustar_members", lambda p: opened.append(p) or real(p))
     it = iter(sh.ShardStream(tmp_path))
     first = next(it)
     assert first["index"] == 0 and len(opened) == 1
     rest = list(it)
     assert len(rest) == 22 and len(opened) == 5
+
+
+def test_fast_tar_reader_equals_tarfile_and_falls_back_on_other_headers(pairs, tmp_path):
+    """Our ustar shards are parsed without tarfile, a pax long-name shard and a GNU shard fall back to it, a
+    directory member is skipped; every case yields what tarfile reads (the oracle)."""
+    import io
+    import tarfile
+
+    def oracle(path):
+        with tarfile.open(path) as tf:
+            names = [
+                (m.name.rsplit("/", 1)[-1], tf.extractfile(m).read()) for m in tf.getmembers() if m.isfile()
+            ]
+        return list(sh._group(names))
+
+    ours = sh.write_shards(pairs, tmp_path / "ours", shard_size=10)[0]
+    assert list(sh.read_members(ours)) == oracle(ours) and len(oracle(ours)) == 10
+    assert len(list(sh._ustar_members(ours))) == 30  # parsed by the fast path itself
+    for fmt, name in (
+        (tarfile.PAX_FORMAT, "k" * 120),
+        (tarfile.GNU_FORMAT, "g" * 120),
+        (tarfile.USTAR_FORMAT, "short"),
+    ):
+        path = tmp_path / f"{fmt}.tar"
+        with tarfile.open(path, "w", format=fmt) as tf:
+            d = tarfile.TarInfo("sub")
+            d.type = tarfile.DIRTYPE
+            tf.addfile(d)
+            for key in ("a0", name, "z9"):
+                for ext, data in (("png", b"img-" + key.encode()), ("txt", key.encode())):
+                    info = tarfile.TarInfo(f"sub/{key}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        got = list(sh.read_members(path))
+        assert got == oracle(path) and [k for k, _ in got] == ["a0", name, "z9"], fmt
+    broken = tmp_path / "broken.tar"
+    broken.write_bytes(
+        ours.read_bytes()[:512] + b"x" * 10 + ours.read_bytes()[522:]
+    )  # corrupt the first data
+    assert len(list(sh.read_members(broken))) == 10  # data corruption is not header corruption: still read
+    bad_header = bytearray(ours.read_bytes())
+    bad_header[0] ^= 0xFF  # the checksum no longer matches: left to tarfile, which rejects it
+    (tmp_path / "bad.tar").write_bytes(bytes(bad_header))
+    with pytest.raises(tarfile.TarError):
+        list(sh.read_members(tmp_path / "bad.tar"))
 
 
 def test_shards_are_reproducible_and_read_by_webdataset_and_the_audit_loader(pairs, tmp_path):
