@@ -204,12 +204,13 @@ def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: 
     return out
 
 
-def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> dict:
-    """Train and evaluate one defense, resuming from its last epoch checkpoint."""
+def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer, dist=None) -> dict:
+    """Train and evaluate one defense, resuming from its last epoch checkpoint; under torchrun ``dist`` splits
+    every global batch across the ranks."""
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     channels = bed.pairs.images.shape[1]
     model = build_model(cfg.model, len(tok), channels).to(run.device)
-    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed)
+    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist)
     start, history = 0, []
     if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
         start, extra = state
@@ -274,6 +275,10 @@ def run(cfg: Config, run: Run) -> dict:
     if streaming(cfg):
         preflight(cfg)  # again: library callers of run() skip the runner's hook
         return run_stream(cfg, run)
+    from reprlab.train.dist import init_distributed
+
+    # a plain launch is one rank (the trainer is then unchanged); under torchrun the ranks split each batch
+    dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     bed = build_testbed(cfg.data, cfg.seed)
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     if run.is_main:
@@ -303,7 +308,7 @@ def run(cfg: Config, run: Run) -> dict:
     }
     results = {}
     for defense in cfg.defenses:
-        res = run.stage(defense, lambda d=defense: train_defense(d, cfg, run, bed, tok))
+        res = run.stage(defense, lambda d=defense: train_defense(d, cfg, run, bed, tok, dist))
         results[defense] = res["metrics"]
         run.save_json(f"analysis/examples_{defense}.json", res["examples"])
         for key, value in res["metrics"].items():
