@@ -105,11 +105,17 @@ def test_sweep_curves_section_has_one_panel_per_seed(tmp_path):
 
 @pytest.mark.slow
 def test_fda_recipe_permuted_null(tmp_path):
-    out = execute(
-        "rote-fda-tiny", [*FDA_TINY, "analysis.permuted_null=true"], out=tmp_path / "run", quiet=True
-    )
+    # with the other optional stages on: each must add its summary keys without dropping the others'
+    opts = ["analysis.permuted_null=true", "analysis.edge_circuits=true", "analysis.head_ablation=true"]
+    out = execute("rote-fda-tiny", [*FDA_TINY, *opts], out=tmp_path / "run", quiet=True)
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("circuit_iou_null_permuted", "circuit_iou_excess_permuted", "permuted_model_train_em"):
+    for key in (
+        "circuit_iou_null_permuted",
+        "circuit_iou_excess_permuted",
+        "permuted_model_train_em",
+        "edge_circuit_iou_excess",
+        "head_ablation_corr_excess",
+    ):
         assert key in summary and math.isfinite(summary[key]), key
     assert (
         summary["circuit_iou_excess_permuted"]

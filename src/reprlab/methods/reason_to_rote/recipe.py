@@ -250,7 +250,7 @@ def run(cfg: Config, run) -> dict:
         ec = stage("edge_circuits", lambda: A.run_edge_circuits(model, clean_all, noisy, an.edge_top_frac,
                                                                 an.circuit_items, cfg.seed, an.circuit_nulls,
                                                                 an.edge_ig_steps))  # fmt: skip
-        extra_keys = {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
+        extra_keys |= {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
                      "edge_circuit_faithfulness_mem": ec["faithfulness_memorization"],
                      "edge_circuit_faithfulness_gen": ec["faithfulness_generalization"],
                      "edge_circuit_iou_excess": ec["iou"] - ec["iou_null_unrelated"]}  # fmt: skip
