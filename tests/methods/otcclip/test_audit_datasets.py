@@ -176,3 +176,40 @@ def test_audit_options_are_validated_with_a_clear_error(tmp_path):
     ):
         with pytest.raises(ConfigError, match=opt):
             validate_options(**kw)
+
+
+def test_audit_hf_model_maps_pixels_to_the_processors_mean_and_std(tmp_path):
+    """The audit reads images into [-1, 1] like the trainer; a HF CLIP must then see its own processor's
+    normalisation (read from the model folder's ``preprocessor_config.json``), not the raw [-1, 1] pixels."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
+
+    from reprlab.methods.otcclip.audit import load_hf_model
+    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter
+
+    torch.manual_seed(0)
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=8),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8),
+        projection_dim=8,
+    )  # fmt: skip
+    CLIPModel(cfg).save_pretrained(tmp_path)
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]").save_pretrained(tmp_path)
+    mean, std = [0.1, 0.2, 0.3], [0.5, 0.25, 0.125]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": mean, "image_std": std}))
+    model, _tok = load_hf_model(str(tmp_path), max_len=8)
+    model.eval()
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    raw = HFCLIPAdapter(model.clip, 8)  # no pixel_norm: expects model-normalised pixels
+    m, s = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+    with torch.no_grad():
+        want = raw.encode_image(((x + 1) / 2 - m) / s).global_
+        got = model.encode_image(x).global_
+        assert torch.allclose(got, want, atol=1e-6)
+        assert not torch.allclose(got, raw.encode_image(x).global_, atol=1e-3)

@@ -242,10 +242,27 @@ def load_hf_model(model_id: str, max_len: int = 77):
     """A Hugging Face CLIP (hub id or local folder) and its tokenizer, behind our interfaces."""
     from transformers import AutoTokenizer, CLIPModel
 
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter
+    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter, processor_stats
 
     clip = CLIPModel.from_pretrained(model_id)
-    return HFCLIPAdapter(clip, max_len), HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
+    # the audit's images are in [-1, 1] like the trainer's; the adapter maps them to the processor's mean/std
+    norm = processor_stats(_processor_folder(model_id))
+    tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
+    return HFCLIPAdapter(clip, max_len, pixel_norm=norm), tok
+
+
+def _processor_folder(model_id: str) -> str | None:
+    """The folder holding ``model_id``'s ``preprocessor_config.json``: the local folder itself, or the hub
+    cache's snapshot (never a download); ``None`` falls back to OpenAI CLIP's statistics."""
+    if Path(model_id).is_dir():
+        return model_id
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(model_id, "preprocessor_config.json")
+    except Exception:  # an id the cache cannot parse: use the defaults
+        return None
+    return str(Path(hit).parent) if isinstance(hit, str) else None
 
 
 def main(
