@@ -204,20 +204,18 @@ def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: 
     return out
 
 
-def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer, dist=None) -> dict:
-    """Train and evaluate one defense, resuming from its last epoch checkpoint; under torchrun ``dist`` splits
-    every global batch across the ranks."""
-    torch.manual_seed(cfg.seed)  # same initial weights for every defense
-    channels = bed.pairs.images.shape[1]
-    model = build_model(cfg.model, len(tok), channels).to(run.device)
-    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist)
+def _fit(defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bool = False) -> dict:
+    """The epoch loop both trainers share: resume from the defense's last epoch checkpoint, train, evaluate each
+    epoch on ``bed`` (skipped when it is ``None``: user data without our testbed), checkpoint; then the final
+    metrics plus the last re-matching / split diagnostics."""
     start, history = 0, []
     if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
         start, extra = state
         history, trainer.examples = extra["history"], extra["examples"]
     for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
         stats = trainer.run_epoch(epoch)
-        stats.update(evaluate_model(model, tok, bed, cfg, probe=False))
+        if bed is not None:
+            stats.update(evaluate_model(model, tok, bed, cfg, probe=False))
         history.append(stats)
         run.log(epoch, defense=defense, **stats)
         run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
@@ -228,7 +226,9 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
             extra={"history": history, "examples": trainer.examples},
             tag=defense,
         )
-    final = evaluate_model(model, tok, bed, cfg, probe=True)
+    final = evaluate_model(model, tok, bed, cfg, probe=True) if bed is not None else {}
+    if final_loss:
+        final["final_loss"] = history[-1]["loss"] if history else float("nan")
     matches = [h for h in history if "rematch_poison_moved" in h]
     if matches:
         final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
@@ -236,6 +236,17 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
     splits = [h for h in history if "poison_in_risky" in h]
     if splits:
         final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
+    return final
+
+
+def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer, dist=None) -> dict:
+    """Train and evaluate one defense, resuming from its last epoch checkpoint; under torchrun ``dist`` splits
+    every global batch across the ranks."""
+    torch.manual_seed(cfg.seed)  # same initial weights for every defense
+    channels = bed.pairs.images.shape[1]
+    model = build_model(cfg.model, len(tok), channels).to(run.device)
+    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist)
+    final = _fit(defense, cfg, run, trainer, model, tok, bed)
     examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
     return {"metrics": final, "examples": examples}
 
@@ -440,33 +451,7 @@ def train_defense_stream(defense, cfg: Config, run: Run, bed, tok, source, n_sam
     trainer = StreamTrainer(
         model, source, tok, defense, cfg.train, cfg.defense, cfg.seed, cfg.stream, n_samples, dist=dist
     )
-    start, history = 0, []
-    if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
-        start, extra = state
-        history, trainer.examples = extra["history"], extra["examples"]
-    for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
-        stats = trainer.run_epoch(epoch)
-        if bed is not None:
-            stats.update(evaluate_model(model, tok, bed, cfg, probe=False))
-        history.append(stats)
-        run.log(epoch, defense=defense, **stats)
-        run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
-        run.save_checkpoint(
-            epoch + 1,
-            trainer.modules(),
-            trainer.optimizers(),
-            extra={"history": history, "examples": trainer.examples},
-            tag=defense,
-        )
-    final = evaluate_model(model, tok, bed, cfg, probe=True) if bed is not None else {}
-    final["final_loss"] = history[-1]["loss"] if history else float("nan")
-    matches = [h for h in history if "rematch_poison_moved" in h]
-    if matches:
-        final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
-        final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
-    splits = [h for h in history if "poison_in_risky" in h]
-    if splits:
-        final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
+    final = _fit(defense, cfg, run, trainer, model, tok, bed, final_loss=True)
     return {"metrics": final, "examples": trainer.examples}
 
 
