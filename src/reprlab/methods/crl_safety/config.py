@@ -133,6 +133,15 @@ class RrCfg:
             "32 steps at lr 2e-3 overshoots: benign states move as far as harmful ones (measured, README)"
         ),
     )
+    retain_weight: float = field(
+        default=1.0,
+        metadata=_h(
+            "[ours] extra factor on the retain term on top of CB's schedule: loss = retain_weight * c_retain * retain "
+            "+ c_reroute * reroute (CB: 1). With retain_scale=relative at crl-tiny's budget, 1 lets benign states "
+            "move as far as harmful ones, 4-10 hold both still, 3 ends at harmful 0.37 / benign 0.80 centred cos: no "
+            "selective value found (measured, README)"
+        ),
+    )
     steps: int = field(
         default=0,
         metadata=_h(

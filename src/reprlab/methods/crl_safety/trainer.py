@@ -315,7 +315,7 @@ class Trainer:
         h_ben = L.select_tokens(self._hidden(ob, lb), lb, self._token_mask(bb, "benign"))
         f_ben, _ = self._frozen_rows("benign", self.benign, ib, bb, logits=False)
         retain = L.rr_retain_loss(h_ben, f_ben, c.retain_scale)
-        loss = c_retain * retain + c_reroute * reroute
+        loss = c.retain_weight * c_retain * retain + c_reroute * reroute
         return loss, {
             "retain": retain.item(),
             "reroute": reroute.item(),
