@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -278,13 +278,19 @@ class ShardStream(IterableDataset):
             yield from samples
             return
         rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
-        buffer: list[dict] = []
-        for s in samples:
-            if len(buffer) < self.shuffle_buffer:
-                buffer.append(s)
-                continue
-            j = int(rng.integers(len(buffer)))
-            yield buffer[j]
-            buffer[j] = s
-        rng.shuffle(buffer)
-        yield from buffer
+        yield from buffered_shuffle(samples, self.shuffle_buffer, rng)
+
+
+def buffered_shuffle(samples: Iterable, size: int, rng: np.random.Generator) -> Iterator:
+    """Shuffle a stream through a ``size``-item buffer (webdataset's ``shuffle``): each incoming sample replaces
+    a random buffered one, which is yielded; the rest are yielded shuffled at the end. Memory stays ``size``."""
+    buffer: list = []
+    for s in samples:
+        if len(buffer) < size:
+            buffer.append(s)
+            continue
+        j = int(rng.integers(len(buffer)))
+        yield buffer[j]
+        buffer[j] = s
+    rng.shuffle(buffer)
+    yield from buffer

@@ -375,16 +375,7 @@ class SlotStream(IterableDataset):
             yield from samples
             return
         rng = np.random.default_rng([self.seed, self.epoch, slot, 17])
-        buf: list = []
-        for s in samples:
-            if len(buf) < self.shuffle_buffer:
-                buf.append(s)
-                continue
-            j = int(rng.integers(len(buf)))
-            yield buf[j]
-            buf[j] = s
-        rng.shuffle(buf)
-        yield from buf
+        yield from sh.buffered_shuffle(samples, self.shuffle_buffer, rng)
 
     def _batch(self, slot: int, rnd: int, rows: list, skip: Counter) -> dict:
         ids, mask = self.tokenizer.encode([c for _, c, _ in rows], self.max_len)
