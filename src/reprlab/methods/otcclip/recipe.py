@@ -295,27 +295,12 @@ def run(cfg: Config, run: Run) -> dict:
     if run.is_main:
         (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
         tok.save(run.dir / "artifacts" / "tokenizer.json")
-    kinds = bed.pairs.kind
-    data_info = {
-        "n_pairs": len(bed.pairs),
-        "n_clean": int((kinds == 0).sum()),
-        "n_targeted": int((kinds == TARGETED).sum()),
-        "n_backdoor": int((kinds == BACKDOOR).sum()),
-        "vocab": len(tok),
-        "n_eval": len(bed.eval_set.labels),
-        "testbed": cfg.data.testbed,
-        "targets": [
-            {"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
-            for t, g in zip(bed.targets.true, bed.targets.target)
-        ],
-        "backdoor_target": cfg.data.backdoor_target,
-        "trigger": cfg.data.trigger,
-        "caption_examples": bed.pairs.captions[:5],
-    }
+    data_info = {"n_pairs": len(bed.pairs), "vocab": len(tok), "testbed": cfg.data.testbed}
+    data_info.update(_testbed_info(cfg, bed, bed.pairs.kind))
     run.save_json("analysis/data.json", data_info)
     summary: dict[str, float | int | str] = {
         "n_pairs": len(bed.pairs),
-        "poison_rate": float((kinds != 0).float().mean()),
+        "poison_rate": data_info["poison_rate"],
     }
     results = {}
     for defense in cfg.defenses:
