@@ -82,3 +82,15 @@ def test_kl_batchmean_is_the_codes_masked_kl_div():
     torch.testing.assert_close(got, ref)
     # against the per-token mean [ours]: sum over 12 masked tokens / 3 sequences = 4x the token mean here
     torch.testing.assert_close(got, L.kl_retain(z[mask], zp[mask], t) * mask.sum() / 3)
+
+
+def test_rr_retain_scale_is_validated_when_the_config_loads():
+    """A wrong ``defense.rr.retain_scale`` is a config error naming the choices, before any model loads."""
+    import pytest
+
+    from reprlab.config import ConfigError, load_config
+    from reprlab.methods.crl_safety.recipe import Config
+
+    assert load_config(Config, {}, ["defense.rr.retain_scale=relative"]).defense.rr.retain_scale == "relative"
+    with pytest.raises(ConfigError, match=r"defense.rr.retain_scale.*'l2', 'relative'"):
+        load_config(Config, {}, ["defense.rr.retain_scale=relatve"])

@@ -131,7 +131,8 @@ class RrCfg:
             "streams (SmolLM2: centred norms ~100 / ~700 at layers 10 / 20) 'l2' outweighs the reroute term "
             "10^3-10^4 times and RR never moves (measured); 'relative' puts both on the same scale, and at crl-tiny's "
             "32 steps at lr 2e-3 overshoots: benign states move as far as harmful ones (measured, README)"
-        ),
+        )
+        | {"choices": ("l2", "relative")},
     )
     retain_weight: float = field(
         default=1.0,

@@ -245,12 +245,6 @@ def preflight(cfg: Config) -> None:
             f"judge.rubric_unparsed must be 'offline' or 'error' and judge.rubric_threshold in [0, 1], got "
             f"{cfg.judge.rubric_unparsed!r} and {cfg.judge.rubric_threshold}"
         )
-    from reprlab.methods.crl_safety.losses import RR_RETAIN_SCALES
-
-    if cfg.defense.rr.retain_scale not in RR_RETAIN_SCALES:
-        raise ConfigError(
-            f"defense.rr.retain_scale must be one of {RR_RETAIN_SCALES}, got {cfg.defense.rr.retain_scale!r}"
-        )
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
     if cfg.capability.mc:
         load_mc(cfg.capability.mc_file)  # validates a user's file before any model loads

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 
-from reprlab.errors import ConfigError
 from reprlab.methods.crl_safety import losses as L
 from reprlab.methods.crl_safety.chat import Batch, collate, forward, response_logits
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
@@ -143,10 +142,6 @@ class Trainer:
                 if not retain:
                     raise ValueError(f"{kind}: crl.kl_data='retain' needs a non-empty retain set")
                 self.retain, self.retain_rng = retain, random.Random(seed + 2)
-        if kind == "rr" and cfg.rr.retain_scale not in L.RR_RETAIN_SCALES:
-            raise ConfigError(
-                f"defense.rr.retain_scale must be one of {L.RR_RETAIN_SCALES}, got {cfg.rr.retain_scale!r}"
-            )
         self.attacker = None
         if kind == "crl_adv":
             m = cfg.mining
