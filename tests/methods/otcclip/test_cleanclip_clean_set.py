@@ -10,6 +10,7 @@ Checked by breaking it on purpose (then restoring it):
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -164,3 +165,36 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_set(items):
     assert not torch.equal(
         without.model.state_dict()["logit_scale"], straight.model.state_dict()["logit_scale"]
     )
+
+
+@pytest.mark.slow
+def test_recipe_cleanclip_with_a_clean_set_resumes_across_the_phase_switch(tmp_path):
+    """``reprlab run`` level: a run killed after CleanCLIP's last pre-training epoch resumes from its checkpoint
+    (weights, optimiser, RNG) into the clean fine-tuning epochs and reproduces the uninterrupted summary."""
+    import shutil
+
+    from reprlab.methods.otcclip import recipe
+    from reprlab.runs import Run
+
+    from .test_recipe import _cfg
+
+    cfg = _cfg(
+        [
+            "defenses=[cleanclip]",
+            "audit_defense=",
+            "data.clean_finetune_pairs=40",
+            "defense.cleanclip_start_epoch=1",
+        ]
+    )
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    summary = recipe.run(cfg, run)
+    data = json.loads((run.dir / "analysis" / "data.json").read_text())
+    assert data["n_clean_finetune"] == 40
+    log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in log] == ["clip", "cleanclip"] and "loss_inmodal" in log[1]
+    (run.dir / "stages" / "cleanclip.json").unlink()
+    shutil.rmtree(run.checkpoints("cleanclip")[-1])
+    assert len(run.checkpoints("cleanclip")) == 1  # only the pre-training epoch's
+    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    for k, v in summary.items():
+        assert resumed[k] == pytest.approx(v, abs=1e-6), k
