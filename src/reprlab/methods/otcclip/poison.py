@@ -206,8 +206,8 @@ def apply_trigger(
       random location; positions from :func:`patch_positions`).
     * ``blended``: ``(1 - alpha) x + alpha noise`` with alpha = 0.2 as in CleanCLIP.
     * ``sig``: ``x + v`` with the :func:`sig_signal` sinusoid (CleanCLIP: amplitude 60/255, i.e. 60 here).
-    * ``wanet``: :func:`warp` with :func:`wanet_field` (no noise mode [ours: WaNet's "noise mode" training
-      with random extra warps is not implemented]).
+    * ``wanet``: :func:`warp` with :func:`wanet_field` (WaNet's noise mode is a separate step on the
+      training set: :func:`add_wanet_noise`).
 
     Args:
         params: further :class:`TriggerParams` fields (``sig_amplitude``, ``sig_frequency``,
@@ -262,3 +262,48 @@ def add_backdoor(
     kind[rows] = BACKDOOR
     sig[rows] = signatures(frozenset({(target_class, -1, "")}))
     return PairSet(images, captions, kind, sig, pairs.image_id.clone(), pairs.class_names)
+
+
+def add_wanet_noise(
+    pairs: PairSet,
+    n_noise: int,
+    seed: int,
+    trigger_seed: int,
+    wanet_grid: int = 4,
+    wanet_strength: float = 3.0,
+    noise_px: float = 0.5,
+) -> tuple[PairSet, torch.Tensor]:
+    """WaNet's noise mode [Nguyen & Tran, ICLR 2021; ``VinAIResearch/Warping-based_Backdoor_Attack-release``,
+    ``train.py``, its "cross" samples]: ``n_noise`` clean pairs get the trigger warp plus per-pixel uniform
+    noise in ``[-noise_px, noise_px]`` px on each axis (a field of their own) and KEEP their true captions, so
+    the model must learn the exact trigger warp rather than any warp.
+
+    WaNet adds ``noise / H`` in grid units (about +-0.5 px) and draws fresh cross samples in every batch
+    (``cross_ratio`` = 2 per backdoored sample). Ours: a fixed set of noised pairs chosen once, in place of
+    clean pairs (like our backdoor pairs; rows from ``seed``, noise from ``seed + 1``), never a backdoor pair;
+    they stay ``kind`` clean since their captions are true. ``trigger_seed`` is the backdoor's trigger seed.
+
+    Returns the new PairSet (same length) and the sorted noise-mode rows.
+    """
+    rng = np.random.default_rng(seed)
+    clean = torch.nonzero(pairs.kind == 0).flatten().numpy()
+    if n_noise > len(clean):
+        raise ValueError(f"n_noise={n_noise} exceeds the {len(clean)} clean pairs")
+    rows = torch.as_tensor(np.sort(rng.choice(clean, size=n_noise, replace=False)), dtype=torch.long)
+    _, _, h, w = pairs.images.shape
+    base = wanet_field((h, w), trigger_seed, wanet_grid, wanet_strength)
+    g = torch.Generator().manual_seed(seed + 1)
+    images = pairs.images.clone()
+    for r in rows.tolist():
+        noise = (torch.rand(2, h, w, generator=g) * 2 - 1) * noise_px
+        warped = warp(images[r : r + 1].float(), base + noise)
+        images[r] = warped.round().clamp(0, 255).to(torch.uint8)[0]
+    out = PairSet(
+        images,
+        list(pairs.captions),
+        pairs.kind.clone(),
+        pairs.sig.clone(),
+        pairs.image_id.clone(),
+        pairs.class_names,
+    )
+    return out, rows

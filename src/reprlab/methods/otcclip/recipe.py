@@ -36,7 +36,7 @@ from reprlab.methods.otcclip.mosaic import (
     make_mosaics,
     make_single_items,
 )
-from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted
+from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted, add_wanet_noise
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.stream import StreamConfig
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
@@ -92,6 +92,31 @@ class DataConfig:
     wanet_strength: float = field(
         default=3.0, metadata={"help": "[ours] WaNet's largest displacement in px", "ge": 0}
     )
+    wanet_noise_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "WaNet noise mode: round(ratio * backdoor_pairs) clean pairs get the trigger warp plus "
+            "per-pixel noise and keep their true captions (WaNet's cross_ratio: 2; ours default 0 = off); "
+            "trigger 'wanet' only",
+            "ge": 0,
+        },
+    )
+    wanet_noise_px: float = field(
+        default=0.5,
+        metadata={
+            "help": "noise-mode per-pixel displacement noise, +- px per axis (WaNet: 1/H grid = 0.5 px)",
+            "gt": 0,
+        },
+    )
+    clean_finetune_pairs: int = field(
+        default=0,
+        metadata={
+            "help": "[ours] CleanCLIP's clean fine-tuning set: this many never-poisoned mosaic pairs from another "
+            "seed, trained on in CleanCLIP's fine-tuning epochs (other defenses ignore it); 0 = fine-tune on "
+            "the poisoned training pairs (the old behaviour)",
+            "ge": 0,
+        },
+    )
     n_eval: int = field(
         default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"}
     )
@@ -123,6 +148,8 @@ class Testbed:
     eval_set: LabeledSet
     probe_train: LabeledSet
     backdoor_class: int
+    clean: PairSet | None = None  # CleanCLIP's clean fine-tuning set (data.clean_finetune_pairs)
+    wanet_noise_rows: torch.Tensor | None = None  # WaNet noise-mode rows of ``pairs``
 
 
 def trigger_params(cfg: DataConfig) -> dict:
@@ -170,6 +197,33 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     pairs = add_backdoor(
         pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs, **trigger_params(cfg)
     )
+    noise_rows = None
+    if cfg.wanet_noise_ratio > 0:
+        if cfg.trigger != "wanet":
+            raise ValueError(f"data.wanet_noise_ratio needs data.trigger=wanet, not {cfg.trigger!r}")
+        pairs, noise_rows = add_wanet_noise(
+            pairs,
+            round(cfg.wanet_noise_ratio * cfg.backdoor_pairs),
+            seed + 6,
+            seed + 2,  # the backdoor's trigger seed
+            cfg.wanet_grid,
+            cfg.wanet_strength,
+            cfg.wanet_noise_px,
+        )
+    clean = None
+    if cfg.clean_finetune_pairs > 0:
+        # [ours] new scenes (seed + 5) from the same item pool as the training mosaics: a clean sample of the
+        # training distribution, never poisoned (poisons are built above, on the training pairs only)
+        clean = make_mosaics(
+            cfg.clean_finetune_pairs,
+            seed + 5,
+            cfg.min_items,
+            cfg.max_items,
+            cfg.tint,
+            source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
+            signatures=sigs,
+            class_names=names,
+        )
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
     return Testbed(
@@ -178,6 +232,8 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
         make_single_items(xe, ye, seed + 3, cfg.tint),
         make_single_items(xp, yp, seed + 4, cfg.tint),
         backdoor_class,
+        clean,
+        noise_rows,
     )
 
 
@@ -245,7 +301,9 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     channels = bed.pairs.images.shape[1]
     model = build_model(cfg.model, len(tok), channels).to(run.device)
-    trainer = Trainer(model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist)
+    trainer = Trainer(
+        model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist, clean=bed.clean
+    )
     final = _fit(defense, cfg, run, trainer, model, tok, bed)
     examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
     return {"metrics": final, "examples": examples}
@@ -263,6 +321,8 @@ def preflight(cfg: Config) -> None:
 
     if cfg.stream.source and cfg.stream.write_shards:
         raise ConfigError("give stream.source or stream.write_shards, not both")
+    if cfg.data.clean_finetune_pairs and streaming(cfg):
+        raise ConfigError("data.clean_finetune_pairs works on the in-memory testbed only, not with a stream")
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(
             "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "
@@ -416,6 +476,10 @@ def _testbed_info(cfg: Config, bed: Testbed, kinds: torch.Tensor | None) -> dict
         "backdoor_target": cfg.data.backdoor_target,
         "trigger": cfg.data.trigger,
     }
+    if bed.clean is not None:
+        out["n_clean_finetune"] = len(bed.clean)
+    if bed.wanet_noise_rows is not None:
+        out["n_wanet_noise"] = len(bed.wanet_noise_rows)
     if kinds is not None:
         out.update(
             n_clean=int((kinds == 0).sum()),

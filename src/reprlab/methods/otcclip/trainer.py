@@ -137,6 +137,10 @@ class Trainer:
         train, defense_cfg: settings.
         seed: data order / augmentation seed (identical on every rank).
         dist: rank info; the global batch is split contiguously across ranks.
+        clean: [ours] a clean fine-tuning set (CleanCLIP's): epochs whose phase is in the defense's
+            ``clean_phases`` draw their batches from it instead of ``data``, the same number of steps per epoch
+            as pre-training (the set is cycled through fresh permutations, so the lr schedule is unchanged);
+            ignored by defenses without such phases, and ``None`` (default) trains on ``data`` throughout.
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class Trainer:
         defense_cfg: DefenseConfig,
         seed: int,
         dist: DistInfo | None = None,
+        clean: PairSet | None = None,
     ):
         self._setup(model, tokenizer, defense, train, defense_cfg, seed, dist)
         self.data = data
@@ -158,6 +163,24 @@ class Trainer:
         if train.batch_size > len(data):
             raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
         self.steps_per_epoch = len(data) // train.batch_size
+        self._sources = {"train": (data, self.ids, self.mask, self.poison)}
+        if clean is not None and getattr(self.impl, "clean_phases", ()):
+            if train.batch_size > len(clean):
+                raise ValueError(
+                    f"batch_size {train.batch_size} exceeds the {len(clean)} clean fine-tuning pairs"
+                )
+            if bool((clean.kind != 0).any()):
+                raise ValueError("the clean fine-tuning set holds poisoned pairs")
+            self._sources["clean"] = (clean, *tokenizer.encode(clean.captions, self.max_len), clean.kind != 0)
+
+    def _use(self, phase: str) -> None:
+        """Point ``data``/``ids``/``mask``/``poison`` at the set ``phase`` trains on (the clean fine-tuning set
+        in the defense's ``clean_phases`` when one was given, else the training pairs)."""
+        sources = getattr(self, "_sources", None)  # StreamTrainer has none
+        if sources is None or "clean" not in sources:
+            return
+        key = "clean" if phase in self.impl.clean_phases else "train"
+        self.data, self.ids, self.mask, self.poison = sources[key]
 
     def _setup(self, model, tokenizer, defense, train, defense_cfg, seed, dist) -> None:
         """What every trainer holds whatever its data: defense, model, bank, optimiser."""
@@ -198,6 +221,7 @@ class Trainer:
     def run_epoch(self, epoch: int) -> dict:
         """Train one epoch; returns mean loss (and terms), phase and the defense's diagnostics."""
         phase = self.phase(epoch)
+        self._use(phase)
         stats = {"epoch": epoch, "phase": phase}
         counts = torch.zeros(4, dtype=torch.long)  # poison, poison moved, clean, clean kept
         self._record = epoch == self._last_match_epoch()
@@ -246,10 +270,14 @@ class Trainer:
         """The epoch's global batches as index tensors ``(batch,)`` into ``self.data``; runs the defense's
         epoch-start action first and adds its stats to ``stats``."""
         stats.update(self.impl.start_epoch(self, epoch, phase))
-        order = torch.randperm(
-            len(self.data), generator=torch.Generator().manual_seed(self.seed * 7919 + epoch)
-        )
-        b = self.tcfg.batch_size
+        g = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        b, n = self.tcfg.batch_size, len(self.data)
+        # whole batches of one permutation; only a clean fine-tuning set smaller than the training pairs
+        # needs more than one (so no batch holds an item twice)
+        chunks = [torch.randperm(n, generator=g)[: n // b * b]]
+        while sum(map(len, chunks)) < self.steps_per_epoch * b:
+            chunks.append(torch.randperm(n, generator=g)[: n // b * b])
+        order = torch.cat(chunks)
         for step in range(self.steps_per_epoch):
             yield order[step * b : (step + 1) * b]
 
@@ -297,6 +325,7 @@ class Trainer:
         lr *= self.impl.lr_scale(phase)
         for group in self.opt.param_groups:
             group["lr"] = lr
+        self._use(phase)
         b = self.batch(idx, epoch, step, phase)
         out = self.impl.step(self, b)
         self.opt.zero_grad(set_to_none=True)

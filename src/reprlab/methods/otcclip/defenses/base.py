@@ -124,7 +124,8 @@ class DefenseConfig:
         default=6,
         metadata={
             "help": "[ours] CleanCLIP fine-tunes a (poisoned) CLIP: epochs before this one are plain CLIP "
-            "pre-training, the rest use the CleanCLIP objective on the same data (no separate clean set)"
+            "pre-training, the rest use the CleanCLIP objective, on data.clean_finetune_pairs clean pairs when "
+            "> 0, else on the same poisoned data"
         },
     )
     cleanclip_inmodal_weight: float = field(

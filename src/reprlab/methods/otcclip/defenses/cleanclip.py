@@ -3,10 +3,13 @@
 Fine-tuning objective: ``clip_weight * L_CLIP(u, w) + inmodal_weight * L_in`` with
 ``L_in = 1/2 [CE(s u u'^T) + CE(s w w'^T)]``: each image against its augmented view and each caption against its
 augmented caption, cross-entropy over rows with diagonal targets, scaled by the model's own ``s = exp(t)``
-(as in its code). [ours] CleanCLIP fine-tunes a pre-trained poisoned model on a clean set; our testbed has no
-separate clean set and no pre-trained model, so epochs before ``cleanclip_start_epoch`` are plain CLIP
-pre-training (phase ``clip``) and later epochs fine-tune with the CleanCLIP objective on the same data
-(phase ``cleanclip``). Not in the default defense list; add it with ``defenses=[...,cleanclip]``.
+(as in its code). CleanCLIP fine-tunes a pre-trained poisoned model on a clean set; our testbed has no
+pre-trained model, so [ours] epochs before ``cleanclip_start_epoch`` are plain CLIP pre-training on the
+poisoned pairs (phase ``clip``) and later epochs fine-tune with the CleanCLIP objective (phase ``cleanclip``).
+With ``data.clean_finetune_pairs`` > 0 the fine-tuning epochs train on a separate set of clean mosaic pairs
+(the trainer's ``clean`` set, :attr:`clean_phases`), as CleanCLIP does; with 0 (the old behaviour) they
+fine-tune on the same poisoned pairs, which does not remove the attacks (docs/otcclip_attacks.md). Not in
+the default defense list; add it with ``defenses=[...,cleanclip]``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def inmodal_loss(z: torch.Tensor, z_aug: torch.Tensor, scale: torch.Tensor) -> t
 @register
 class CleanCLIP(Defense):
     name = "cleanclip"
+    clean_phases = ("cleanclip",)  # phases that train on the trainer's clean fine-tuning set, when given
 
     def phase(self, epoch: int) -> str:
         return "cleanclip" if epoch >= self.cfg.cleanclip_start_epoch else "clip"
