@@ -116,3 +116,59 @@ def test_speed_options_leave_the_step_unchanged_and_save_forward_passes(items, e
     else:  # matching: own captions without gradient for the pool, then own[sub] + views[sub] together
         assert c_on["text"] == [batch, 2 * (batch // sub)] * steps
         assert len(c_off["text"]) == 3 * steps
+
+
+def test_pool_text_features_in_eval_mode_equal_the_training_mode_forward(items, monkeypatch):
+    """The pool's no-grad caption features come from an eval-mode forward (torch's fused inference path) when
+    the model has no mode-dependent layer: the same values up to rounding, training mode restored; a model
+    with dropout keeps its training-mode forward."""
+    from reprlab.methods.otcclip import matching
+
+    tr = _trainer(items, "otcclip")
+    ids, mask = tr.ids[:8], tr.mask[:8]
+    mask[3, 2:] = False  # padding inside the batch
+    assert tr.model.training and matching._mode_independent(tr.model)
+    eval_calls = []
+    monkeypatch.setattr(
+        type(tr.model), "eval", lambda self, f=type(tr.model).eval: eval_calls.append(1) or f(self)
+    )
+    fast = matching.pool_text_features(tr.model, ids, mask)
+    assert eval_calls == [1] and tr.model.training
+    with torch.no_grad():
+        ref = tr.model.encode_text(ids, mask)
+    assert not fast.global_.requires_grad
+    torch.testing.assert_close(fast.global_, ref.global_, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fast.tokens, ref.tokens, atol=1e-6, rtol=0)
+    assert torch.equal(fast.mask, ref.mask)
+    tr.model.text_blocks.layers[0].dropout1.p = 0.1  # a mode-dependent layer: no eval-mode forward
+    assert not matching._mode_independent(tr.model)
+    matching.pool_text_features(tr.model, ids, mask)
+    assert eval_calls == [1]
+
+
+@pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
+def test_second_round_switches_leave_the_epoch_unchanged(items, monkeypatch, epoch):
+    """NumPy Sinkhorn blocks and the eval-mode pool encode on vs off (the defaults: loss OT to its tolerance,
+    re-matching to match_tol): same losses, assignments and weights up to float rounding."""
+    import importlib
+
+    from reprlab.methods.otcclip import matching
+
+    sk = importlib.import_module("reprlab.ot.sinkhorn")  # the module (reprlab.ot.sinkhorn is also a function)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(sk, "NUMPY_SMALL", on)
+        monkeypatch.setattr(matching, "POOL_EVAL_FORWARD", on)
+        tr = _trainer(items, "otcclip", epochs=2, sgd=True)
+        if epoch == 1:
+            tr.run_epoch(0)
+        stats = tr.run_epoch(epoch)
+        results[on] = (stats, [p.detach().clone() for p in tr.model.parameters()])
+    (s_on, w_on), (s_off, w_off) = results[True], results[False]
+    for k in ("loss", "loss_clip", "loss_ot_inter", "loss_ot_intra", "loss_ot_iters"):
+        assert s_on[k] == pytest.approx(s_off[k], abs=1e-5), k
+    if epoch == 1:
+        assert s_on["rematch_poison_moved"] == s_off["rematch_poison_moved"]
+        assert s_on["rematch_clean_kept"] == s_off["rematch_clean_kept"]
+        assert s_on["ot_max_marginal_error"] == pytest.approx(s_off["ot_max_marginal_error"], abs=1e-6)
+    assert max(float((a - b).abs().max()) for a, b in zip(w_on, w_off)) < 1e-5
