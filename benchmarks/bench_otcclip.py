@@ -1,11 +1,15 @@
 """OTCCLIP cost: training-epoch overhead vs plain CLIP, and re-matching throughput vs POT.
 
-1. Epoch time (process CPU time, min of 4) of the same tiny CLIP on the same poisoned mosaics, plain CLIP
-   (defense "none") vs OTCCLIP (a non-matching epoch with the inter/intra OT losses, and a matching epoch
-   with OT re-ranking), with the speed options on (default) and off (``_unfused``: the step before issue
-   11 item 8, same weights bitwise). The issue's target: overhead ratio <= 1.3.
-   The same after 3 trained epochs (``epoch_overhead_ratio_trained``), and with the training-loss OT at
-   the old fixed 50 iterations instead of ``loss_tol`` (``loss_tol_vs_fixed50_epoch``).
+1. Epoch time (process CPU time) of the same tiny CLIP on the same poisoned mosaics, plain CLIP (defense
+   "none") vs OTCCLIP (a non-matching epoch with the inter/intra OT losses, and a matching epoch with OT
+   re-ranking), all variants interleaved within each of several repeats; each ratio is the variant's epoch
+   over the plain-CLIP epoch of the same repeat, reported as the median [min - max] over repeats (a shared
+   machine's load moves both sides of a repeat alike). The issue's target: overhead ratio <= 1.3. Variants:
+   the defaults; ``_prev``: the second speed round's switches off (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
+   ``matching.POOL_EVAL_FORWARD``: the step before it); ``_unfused``: the first round's options off too (the
+   step before issue 11 item 8, same weights bitwise); ``topk16``; fixed-50-iteration matching / loss OT.
+   The same after 3 trained epochs (``epoch_overhead_ratio_trained``); ``loss_tol_vs_fixed50_epoch``: the
+   training-loss OT to ``loss_tol`` vs the old fixed 50 iterations.
 2. Re-matching OT convergence: the configured tolerance solve (``match_tol`` 1e-3, at most
    ``match_max_iters`` 1000) vs the old fixed 50 iterations, on clustered sets (like trained features):
    largest marginal error and cost error vs a reference solve, and time; plus a matching epoch's time
@@ -16,11 +20,12 @@
    ``reprlab.ot.ot_distance`` vs POT ``ot.sinkhorn2`` (log-domain) called per pair, same eps and
    iterations; the costs are compared too.
 
-Run: ``python benchmarks/bench_otcclip.py`` (about 1-3 minutes on 2 CPU cores). The last line is JSON.
+Run: ``python benchmarks/bench_otcclip.py`` (about 2-4 minutes on 2 loaded CPU cores). The last line is JSON.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 import warnings
@@ -36,11 +41,30 @@ from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
 
+# The switches of the second speed round (issue 11 item 8), for the "before" variants: NumPy small-problem
+# Sinkhorn blocks and the eval-mode pool encode.
+_SWITCHES = (
+    ("reprlab.ot.sinkhorn", "NUMPY_SMALL"),
+    ("reprlab.methods.otcclip.matching", "POOL_EVAL_FORWARD"),
+)
 
-def epoch_times(n_pairs: int = 500, repeats: int = 2, trained_epochs: int = 0) -> dict[str, float]:
-    """CPU time of one epoch per variant (min over ``repeats``). ``trained_epochs`` > 0: every trainer first
-    trains that many epochs (features as later in a run, where the OT solves converge faster) and the timed
-    epochs are the next non-matching / matching ones."""
+
+def _set_switches(on: bool) -> list:
+    """Set the second-round speed switches; return the previous values for :func:`_set_switches_back`."""
+    prev = []
+    for module, name in _SWITCHES:
+        m = importlib.import_module(module)  # the module (``reprlab.ot.sinkhorn`` is also a function name)
+        prev.append((m, name, getattr(m, name)))
+        setattr(m, name, on)
+    return prev
+
+
+def epoch_times(n_pairs: int = 500, repeats: int = 5, trained_epochs: int = 0) -> dict[str, list[float]]:
+    """CPU time of one epoch per variant, ``repeats`` times, the variants interleaved within each repeat (so a
+    repeat's ratios compare epochs run under the same machine load). ``trained_epochs`` > 0: every trainer first
+    trains that many epochs (features as later in a run, where the OT solves converge differently) and the timed
+    epochs are the next non-matching / matching ones. Each repeat trains the trainer one more epoch (of the same
+    kind), as a run would."""
     bed = build_testbed(
         DataConfig(
             n_pairs=n_pairs,
@@ -58,54 +82,77 @@ def epoch_times(n_pairs: int = 500, repeats: int = 2, trained_epochs: int = 0) -
     dcfg = DefenseConfig(bank_size=2048, top_k=4, keep_margin=0.05, rematch_warmup=1, rematch_every=2)
     fixed = replace(dcfg, ot=replace(dcfg.ot, match_tol=None))  # the old matching: 50 fixed iterations
     fixed_loss = replace(dcfg, ot=replace(dcfg.ot, loss_tol=None))  # the old loss OT: 50 fixed iterations
-    # the speed options off: the step as before item 8 (bitwise the same weights)
+    # the first-pass speed options off: the step as before item 8 (bitwise the same weights)
     unfused = replace(dcfg, fused_ot_losses=False, reuse_own_text=False, fused_encoders=False)
-    out = {}
+    # (label, defense, matching epoch?, config, second-pass switches on?)
     runs = (
-        ("none", 0, "clip", dcfg),
-        ("otcclip", 0, "otc", dcfg),
-        ("otcclip", 1, "otc_match", dcfg),
-        ("otcclip", 0, "otc_unfused", unfused),
-        ("otcclip", 1, "otc_match_unfused", unfused),
-        ("otcclip", 1, "otc_match_fixed50", fixed),
-        ("otcclip", 1, "otc_match_topk16", replace(dcfg, top_k=16)),  # the shortlist before the ablation
-        ("otcclip", 0, "otc_fixed50loss", fixed_loss),
-        ("otcclip", 1, "otc_match_fixed50loss", fixed_loss),
+        ("clip", "none", 0, dcfg, True),
+        ("otc", "otcclip", 0, dcfg, True),
+        ("otc_match", "otcclip", 1, dcfg, True),
+        ("otc_prev", "otcclip", 0, dcfg, False),  # the second-pass switches off: before this round
+        ("otc_match_prev", "otcclip", 1, dcfg, False),
+        ("otc_unfused", "otcclip", 0, unfused, False),
+        ("otc_match_unfused", "otcclip", 1, unfused, False),
+        ("otc_match_fixed50", "otcclip", 1, fixed, True),
+        (
+            "otc_match_topk16",
+            "otcclip",
+            1,
+            replace(dcfg, top_k=16),
+            True,
+        ),  # the shortlist before the ablation
+        ("otc_fixed50loss", "otcclip", 0, fixed_loss, True),
+        ("otc_match_fixed50loss", "otcclip", 1, fixed_loss, True),
     )
     if trained_epochs:
-        tcfg = replace(tcfg, epochs=trained_epochs + 4)
-    for defense, epoch, label, dc in runs:
+        tcfg = replace(tcfg, epochs=trained_epochs + 4 + repeats)
+    trainers = []
+    for label, defense, kind, dc, switches in runs:
         torch.manual_seed(0)
         tr = Trainer(TinyCLIP(mcfg, len(tok)), bed.pairs, tok, defense, tcfg, dc, seed=0)
-        for e in range(trained_epochs):
-            tr.run_epoch(e)
-        if trained_epochs:  # the next epoch of the wanted kind (W = 1, R = 2: odd epochs match)
-            epoch = _next(trained_epochs, epoch)
-        elif label.startswith("otc_match"):
-            tr.run_epoch(0)  # fill the bank as in a real run
-        times = []
+        prev = _set_switches(switches)
+        try:
+            for e in range(trained_epochs):
+                tr.run_epoch(e)
+            if trained_epochs:  # the next epoch of the wanted kind (W = 1, R = 2: odd epochs match)
+                epoch = _next(trained_epochs, kind)
+            else:
+                epoch = kind
+                if kind:
+                    tr.run_epoch(0)  # fill the bank as in a real run
+        finally:
+            _set_switches_back(prev)
+        trainers.append((label, tr, epoch, switches))
+    out: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # unconverged-OT warnings of the timed epochs
         for _ in range(repeats):
-            t = time.perf_counter()
-            tr.run_epoch(epoch)
-            times.append(time.perf_counter() - t)
-        out[label] = min(times)  # min over repeats: least disturbed by other processes
+            for label, tr, epoch, switches in trainers:
+                prev = _set_switches(switches)
+                try:
+                    t = time.process_time()
+                    tr.run_epoch(epoch)
+                    out[label].append(time.process_time() - t)
+                finally:
+                    _set_switches_back(prev)
     return out
+
+
+def _set_switches_back(prev: list) -> None:
+    for m, name, value in prev:
+        setattr(m, name, value)
+
+
+def ratio_stats(times: dict[str, list[float]], *labels: str) -> tuple[float, float, float]:
+    """Per repeat, the mean epoch time of ``labels`` over the same repeat's plain-CLIP epoch; returns the
+    median, min and max over repeats."""
+    r = [float(np.mean([times[k][i] for k in labels])) / c for i, c in enumerate(times["clip"])]
+    return float(np.median(r)), min(r), max(r)
 
 
 def _next(start: int, kind: int) -> int:
     """The first epoch >= ``start`` that matches (``kind`` 1) or not (``kind`` 0) when W = 1, R = 2."""
     return start if start % 2 == kind else start + 1
-
-
-def _cpu_clock(fn):
-    """Run ``fn`` with ``time.perf_counter`` replaced by process CPU time: on a shared machine the wall
-    clock mostly measures the other jobs (single-threaded here, so CPU time is the work done)."""
-    wall = time.perf_counter
-    time.perf_counter = time.process_time
-    try:
-        return fn()
-    finally:
-        time.perf_counter = wall
 
 
 def clustered_sets(batch: int, n: int, m: int, d: int = 64, k: int = 4, spread: float = 0.3, seed: int = 0):
@@ -236,18 +283,49 @@ def rematch_throughput(
     }
 
 
+def _load() -> str:
+    """The machine's 1-minute load average and core count, printed next to timings (shared machines)."""
+    import os
+
+    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    ep = _cpu_clock(lambda: epoch_times(repeats=4))
-    ep_t = _cpu_clock(lambda: epoch_times(repeats=2, trained_epochs=3))
+    load_before = _load()
+    ep = epoch_times(repeats=5)
+    ep_t = epoch_times(repeats=3, trained_epochs=3)
+    load_after = _load()
     rm = rematch_throughput()
     conv = match_convergence()
     lconv = loss_convergence()
+    print(f"epoch CPU time, 500 pairs, batch 50 ({load_before} before, {load_after} after)")
+    print(
+        "ratio = the variant's epoch / the plain-CLIP epoch of the same repeat: median [min - max] over repeats"
+    )
     for title, times in (("fresh model", ep), ("after 3 trained epochs", ep_t)):
-        print(f"{'epoch (500 pairs, batch 50), ' + title:48s} {'CPU s':>9s} {'ratio vs CLIP':>14s}")
+        print(f"{title:32s} {'median CPU s':>12s} {'ratio vs CLIP':>24s}")
         for label, secs in times.items():
-            print(f"{label:48s} {secs:9.2f} {secs / times['clip']:14.2f}")
+            med, lo, hi = ratio_stats(times, label)
+            print(f"{label:32s} {float(np.median(secs)):12.3f} {med:10.3f} [{lo:.2f} - {hi:.2f}]")
         print()
+    headline = {}
+    for title, times in (("fresh", ep), ("trained", ep_t)):
+        for name, labels in (
+            ("", ("otc", "otc_match")),
+            ("_nonmatching", ("otc",)),
+            ("_matching", ("otc_match",)),
+            ("_before_round2", ("otc_prev", "otc_match_prev")),
+            ("_nonmatching_before_round2", ("otc_prev",)),
+            ("_matching_before_round2", ("otc_match_prev",)),
+        ):
+            headline[f"{title}{name}"] = ratio_stats(times, *labels)
+    # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
+    # half the post-warm-up epochs match)
+    print("epoch overhead vs plain CLIP (mean of a non-matching and a matching epoch; target <= 1.3):")
+    for key, (med, lo, hi) in headline.items():
+        print(f"  {key:36s} {med:.3f} [{lo:.2f} - {hi:.2f}]")
+    print()
     print("training-loss OT convergence: 64 intra-text problems (caption vs word-dropout view), fresh model")
     print(
         f"{'solve':10s} {'iters':>6s} {'max marg err':>13s} {'max cost err':>13s} {'loss err':>10s} {'ms':>8s}"
@@ -276,39 +354,46 @@ def main() -> None:
     fixed_t = {r["eps"]: r["seconds"] for r in conv if r["solve"] == "fixed 50"}
     # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
     # half the post-warm-up epochs match)
-    overhead = 0.5 * (ep["otc"] + ep["otc_match"]) / ep["clip"]
     lc = {r["solve"]: r for r in lconv}
+
+    def med(times, *labels):
+        return round(ratio_stats(times, *labels)[0], 3)
+
+    def mean_ratio(times, num, den):  # median over repeats of sum(num) / sum(den)
+        r = [sum(times[k][i] for k in num) / sum(times[k][i] for k in den) for i in range(len(times["clip"]))]
+        return round(float(np.median(r)), 3)
+
     print(
         json.dumps(
             {
-                "epoch_overhead_ratio": round(overhead, 3),
-                "epoch_overhead_ratio_trained": round(
-                    0.5 * (ep_t["otc"] + ep_t["otc_match"]) / ep_t["clip"], 3
-                ),
+                "epoch_overhead_ratio": med(ep, "otc", "otc_match"),
+                "epoch_overhead_ratio_spread": [round(v, 3) for v in headline["fresh"][1:]],
+                "epoch_overhead_ratio_trained": med(ep_t, "otc", "otc_match"),
+                "epoch_overhead_ratio_trained_spread": [round(v, 3) for v in headline["trained"][1:]],
+                "epoch_overhead_ratio_nonmatching": med(ep, "otc"),
+                "epoch_overhead_ratio_matching": med(ep, "otc_match"),
+                "epoch_overhead_ratio_trained_nonmatching": med(ep_t, "otc"),
+                "epoch_overhead_ratio_trained_matching": med(ep_t, "otc_match"),
+                # before the second speed round (NumPy Sinkhorn blocks and eval-mode pool encode off)
+                "epoch_overhead_ratio_before_round2": med(ep, "otc_prev", "otc_match_prev"),
+                "epoch_overhead_ratio_trained_before_round2": med(ep_t, "otc_prev", "otc_match_prev"),
+                "epoch_overhead_ratio_topk16": med(ep, "otc", "otc_match_topk16"),
+                # the first-round speed options off too (fused_ot_losses / reuse_own_text / fused_encoders)
+                "epoch_overhead_ratio_unfused": med(ep, "otc_unfused", "otc_match_unfused"),
+                "epoch_load": [load_before, load_after],
                 # the training-loss OT solved to loss_tol vs the old fixed 50 iterations: epoch time ratio
-                "loss_tol_vs_fixed50_epoch": round(
-                    (ep["otc"] + ep["otc_match"]) / (ep["otc_fixed50loss"] + ep["otc_match_fixed50loss"]), 3
+                "loss_tol_vs_fixed50_epoch": mean_ratio(
+                    ep, ("otc", "otc_match"), ("otc_fixed50loss", "otc_match_fixed50loss")
                 ),
-                "loss_tol_vs_fixed50_epoch_trained": round(
-                    (ep_t["otc"] + ep_t["otc_match"])
-                    / (ep_t["otc_fixed50loss"] + ep_t["otc_match_fixed50loss"]),
-                    3,
+                "loss_tol_vs_fixed50_epoch_trained": mean_ratio(
+                    ep_t, ("otc", "otc_match"), ("otc_fixed50loss", "otc_match_fixed50loss")
                 ),
                 "loss_ot_max_marginal_error": {k: r["max_marginal_error"] for k, r in lc.items()},
                 "loss_ot_loss_error": {k: r["loss_error"] for k, r in lc.items()},
                 "loss_ot_time_tol_vs_fixed50": round(
                     lc["tol 1e-2"]["seconds"] / lc["fixed 50"]["seconds"], 2
                 ),
-                "epoch_overhead_ratio_matching": round(ep["otc_match"] / ep["clip"], 3),
-                "epoch_overhead_ratio_topk16": round(
-                    0.5 * (ep["otc"] + ep["otc_match_topk16"]) / ep["clip"], 3
-                ),
-                "epoch_overhead_ratio_nonmatching": round(ep["otc"] / ep["clip"], 3),
-                # the same with fused_ot_losses / reuse_own_text / fused_encoders off (the pre-item-8 step)
-                "epoch_overhead_ratio_unfused": round(
-                    0.5 * (ep["otc_unfused"] + ep["otc_match_unfused"]) / ep["clip"], 3
-                ),
-                "matching_epoch_tol_vs_fixed50": round(ep["otc_match"] / ep["otc_match_fixed50"], 3),
+                "matching_epoch_tol_vs_fixed50": mean_ratio(ep, ("otc_match",), ("otc_match_fixed50",)),
                 "match_ot_time_tol_vs_fixed50": {
                     str(e): round(tol_vs_fixed[e] / fixed_t[e], 2) for e in fixed_t
                 },

@@ -92,3 +92,87 @@ def ot_distance(
             raise ValueError("tol is only supported by solver='sinkhorn' (IPOT runs a fixed n_iters)")
         return ipot(C, a, b, beta=eps, n_iters=n_iters)
     return sinkhorn(C, a, b, eps, n_iters=n_iters, tol=tol, grad=grad)
+
+
+def grouped_cosine_ot(
+    groups: list[tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
+    eps: float = 0.05,
+    n_iters: int = 50,
+    tol: float | None = None,
+) -> tuple[list[Tensor], SinkhornResult]:
+    """Sinkhorn OT distances of several groups of paired point sets in one solve, cosine cost, with one
+    hand-written envelope backward for the whole group.
+
+    Each group ``(x (B_i, n_i, d), y (B_i, m_i, d), x_mask, y_mask)`` (masks bool or ``None`` = all valid) is
+    zero-padded (mask False) to the largest ``(n, m)`` and all groups are solved together, exactly as
+    :func:`ot_distance` on the concatenated padded batch would (same costs, bitwise). [ours, speed] The
+    gradient is the same envelope gradient (plan detached, ``dcost/dC = P``, zero where ``1 - cos`` was clamped
+    into ``[0, 2]``), pushed through the cosine cost and both normalisations in one autograd node instead of
+    about thirty (padding, concatenation, normalisation, product, clamp, envelope): equal up to float rounding
+    (tested).
+
+    Returns:
+        ``([(B_i,) distances per group], the solver's result for the whole padded batch)``; the distances
+        are differentiable w.r.t. every ``x`` and ``y``, the result's fields are not.
+    """
+    n = max(x.shape[1] for x, _, _, _ in groups)
+    m = max(y.shape[1] for _, y, _, _ in groups)
+    with torch.no_grad():
+        xs, ys, xms, yms = [], [], [], []
+        for x, y, xm, ym in groups:
+            xm = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if xm is None else xm
+            ym = torch.ones(y.shape[:2], dtype=torch.bool, device=y.device) if ym is None else ym
+            xs.append(torch.nn.functional.pad(x.detach(), (0, 0, 0, n - x.shape[1])))
+            ys.append(torch.nn.functional.pad(y.detach(), (0, 0, 0, m - y.shape[1])))
+            xms.append(torch.nn.functional.pad(xm, (0, n - xm.shape[1])))
+            yms.append(torch.nn.functional.pad(ym, (0, m - ym.shape[1])))
+        X, Y = torch.cat(xs), torch.cat(ys)
+        batch = len(X)
+        a = _uniform_weights(torch.cat(xms), batch, n, X, "x_mask")
+        b = _uniform_weights(torch.cat(yms), batch, m, X, "y_mask")
+        # as F.normalize (x / max(|x|, 1e-12)) and cosine_cost, so the costs are bitwise those of ot_distance
+        nx = X.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        ny = Y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        Xn, Yn = X / nx.expand_as(X), Y / ny.expand_as(Y)
+        raw = 1.0 - Xn @ Yn.transpose(-1, -2)
+        C = raw.clamp(0.0, 2.0)
+        res = sinkhorn(C, a, b, eps, n_iters=n_iters, tol=tol)
+        inside = (raw >= 0.0) & (raw <= 2.0)  # where clamp passes the gradient
+    layout = [(len(x), x.shape[1], y.shape[1]) for x, y, _, _ in groups]
+    inputs = [t for x, y, _, _ in groups for t in (x, y)]
+    costs = _GroupedCosineEnvelope.apply(res.cost, res.plan, inside, Xn, Yn, nx, ny, layout, *inputs)
+    return list(costs), res
+
+
+class _GroupedCosineEnvelope(torch.autograd.Function):
+    """Per-group costs ``<P, C>`` of :func:`grouped_cosine_ot`; backward: ``dC = g P`` (inside the clamp range),
+    through ``C = 1 - Xn Yn^T`` and ``Xn = X / |X|`` (``dX = (dXn - Xn <Xn, dXn>) / |X|``), cut back to each
+    group's rows and points."""
+
+    @staticmethod
+    def forward(ctx, cost, plan, inside, Xn, Yn, nx, ny, layout, *inputs):  # noqa: D102
+        ctx.save_for_backward(plan, inside, Xn, Yn, nx, ny)
+        ctx.layout = layout
+        ctx.needs = [t.requires_grad for t in inputs]
+        return tuple(part.clone() for part in cost.split([rows for rows, _, _ in layout]))
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: D102
+        plan, inside, Xn, Yn, nx, ny = ctx.saved_tensors
+        g = torch.cat(
+            [
+                torch.zeros(rows, dtype=plan.dtype, device=plan.device) if gr is None else gr
+                for gr, (rows, _, _) in zip(grads, ctx.layout)
+            ]
+        )
+        dC = (g[:, None, None] * plan).masked_fill_(~inside, 0.0)
+        out: list[Tensor | None] = [None] * 8
+        dXn, dYn = torch.bmm(dC, Yn).neg_(), torch.bmm(dC.transpose(1, 2), Xn).neg_()
+        dX = (dXn - Xn * (Xn * dXn).sum(-1, keepdim=True)) / nx
+        dY = (dYn - Yn * (Yn * dYn).sum(-1, keepdim=True)) / ny
+        lo = 0
+        for (rows, n, m), (need_x, need_y) in zip(ctx.layout, zip(ctx.needs[0::2], ctx.needs[1::2])):
+            out.append(dX[lo : lo + rows, :n] if need_x else None)
+            out.append(dY[lo : lo + rows, :m] if need_y else None)
+            lo += rows
+        return tuple(out)

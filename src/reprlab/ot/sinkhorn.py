@@ -36,6 +36,7 @@ from __future__ import annotations
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,6 +56,15 @@ CHUNK = 256
 # problems this took 50 vs 84 us and 15 vs 32 us per iteration (256 and 82 problems, 1 thread); MKL's
 # per-matrix overhead dominates bmm on such tiny matrices. Same iteration, different rounding (~1e-6).
 SMALL_PROBLEM = 512
+
+# [ours, measured] On CPU, small problems (n * m <= SMALL_PROBLEM, float32/64) run the block's scaling updates
+# as NumPy batched mat-vecs (``np.matmul`` on (batch, n, m) x (batch, m, 1)) on kernels with the weights folded
+# in (``K diag(b)`` and ``(diag(a) K)^T``): one call per half-iteration instead of four torch ops. For
+# OTCCLIP's loss problems (76 x 16 x 17) this took 11 vs 33 us per iteration, for its re-matching problems
+# (250 x 16 x 14) 30 vs 78 us (1 thread). Same iteration, different rounding (~1e-7 relative in float32).
+# The convergence check reads the row marginal from one more mat-vec instead of forming the plan.
+# False = the torch broadcast-product path above (the old path).
+NUMPY_SMALL = True
 
 _GRAD_MODES = ("envelope", "autograd")
 
@@ -333,6 +343,9 @@ def _fast_sinkhorn(
     col = torch.empty(batch, 1, m, dtype=C.dtype, device=C.device)
     a3, b3 = a[:, None, :], b[:, None, :]  # (batch, 1, n), (batch, 1, m)
     small = C.device.type == "cpu" and n * m <= SMALL_PROBLEM
+    use_np = small and NUMPY_SMALL and C.dtype in (torch.float32, torch.float64)
+    if use_np:
+        return _numpy_blocks(C, neg_c, a, b, eps, f, g, K, KT, n_iters, tol, check_every)
     if small:  # scratch for the broadcast products of the small-problem path
         buf, bufT = torch.empty_like(K), torch.empty_like(KT)
     done = 0
@@ -371,6 +384,72 @@ def _fast_sinkhorn(
                 break
     # The last block's kernel and scalings give the plan without another exp pass.
     return f, g, _scaled_plan(K, a, b, s, t), done, "sinkhorn-scaling"
+
+
+def _numpy_blocks(
+    C: Tensor,
+    neg_c: Tensor,
+    a: Tensor,
+    b: Tensor,
+    eps: float,
+    f: Tensor,
+    g: Tensor,
+    K: Tensor,
+    KT: Tensor,
+    n_iters: int,
+    tol: float | None,
+    check_every: int,
+) -> tuple[Tensor, Tensor, Tensor, int, str]:
+    """:func:`_fast_sinkhorn`'s blocks run on NumPy views of the same buffers (see :data:`NUMPY_SMALL`): the
+    scaling updates as batched mat-vecs against kernels with the weights folded in, the absorptions and
+    checks as NumPy ufuncs (about 1 us per call instead of several for a torch op on these tiny arrays). Same
+    absorption schedule, convergence test, fallback and outputs. ``K`` becomes the plan; ``KT`` is scratch
+    for ``(diag(a) K)^T``."""
+    batch, n, m = C.shape
+    Kn, KaT, negc = K.numpy(), KT.numpy(), neg_c.numpy()
+    an, bn = a.numpy(), b.numpy()
+    fn, gn = f.numpy(), g.numpy()
+    Kb = np.empty_like(Kn)  # K diag(b): Kb @ t = K (b t); KaT = (diag(a) K)^T: KaT @ s = K^T (a s)
+    s, c, t = (np.empty((batch, size, 1), Kn.dtype) for size in (n, m, m))
+    done = 0
+    with np.errstate(all="ignore"):  # over/underflow shows up as a non-finite potential below
+        while done < n_iters:
+            block = min(check_every, n_iters - done)
+            # Absorb: K = exp(-C/eps + f/eps + g/eps), in place (the only exp pass of the block).
+            np.add(negc, (fn / eps)[:, :, None], out=Kn)
+            Kn += (gn / eps)[:, None, :]
+            np.exp(Kn, out=Kn)
+            np.multiply(Kn, bn[:, None, :], out=Kb)
+            np.multiply(Kn.transpose(0, 2, 1), an[:, None, :], out=KaT)
+            t.fill(1.0)
+            for _ in range(block):
+                np.matmul(Kb, t, out=s)
+                np.reciprocal(s, out=s)
+                np.matmul(KaT, s, out=c)
+                np.reciprocal(c, out=t)
+            f_new = fn + eps * np.log(s[:, :, 0])
+            g_new = gn + eps * np.log(t[:, :, 0])
+            if not (np.isfinite(f_new).all() and np.isfinite(g_new).all()):
+                # as in _fast_sinkhorn: redo this block and finish in the log domain from the last good
+                # potentials
+                f, g = torch.from_numpy(fn), torch.from_numpy(gn)
+                f, g, done = _log_iterations(C, a, b, eps, f, g, n_iters - done, tol, check_every, done)
+                return f, g, gibbs_plan(C, a, b, f, g, eps), done, "sinkhorn-log"
+            fn, gn = f_new, g_new
+            done += block
+            if tol is not None and done < n_iters:
+                # Marginals of P = diag(a s) K diag(b t) without forming it: rows a s (K (b t)), one more
+                # mat-vec; columns b t (K^T (a s)), from the last half-iteration.
+                rows = np.matmul(Kb, t)[:, :, 0]
+                err = np.abs(an * s[:, :, 0] * rows - an).sum(1) + np.abs(
+                    bn * t[:, :, 0] * c[:, :, 0] - bn
+                ).sum(1)
+                if float(err.max()) <= tol:
+                    break
+        # The last block's kernel and scalings give the plan without another exp pass (in place on K).
+        Kn *= (an * s[:, :, 0])[:, :, None]
+        Kn *= (bn * t[:, :, 0])[:, None, :]
+    return torch.from_numpy(fn), torch.from_numpy(gn), K, done, "sinkhorn-scaling"
 
 
 def _scaled_plan(K: Tensor, a: Tensor, b: Tensor, s: Tensor, t: Tensor) -> Tensor:

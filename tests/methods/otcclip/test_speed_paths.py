@@ -116,3 +116,94 @@ def test_speed_options_leave_the_step_unchanged_and_save_forward_passes(items, e
     else:  # matching: own captions without gradient for the pool, then own[sub] + views[sub] together
         assert c_on["text"] == [batch, 2 * (batch // sub)] * steps
         assert len(c_off["text"]) == 3 * steps
+
+
+def test_pool_text_features_in_eval_mode_equal_the_training_mode_forward(items, monkeypatch):
+    """The pool's no-grad caption features come from an eval-mode forward (torch's fused inference path) when
+    the model has no mode-dependent layer: the same values up to rounding, training mode restored; a model
+    with dropout keeps its training-mode forward."""
+    from reprlab.methods.otcclip import matching
+
+    tr = _trainer(items, "otcclip")
+    ids, mask = tr.ids[:8], tr.mask[:8]
+    mask[3, 2:] = False  # padding inside the batch
+    assert tr.model.training and matching._mode_independent(tr.model)
+    eval_calls = []
+    monkeypatch.setattr(
+        type(tr.model), "eval", lambda self, f=type(tr.model).eval: eval_calls.append(1) or f(self)
+    )
+    fast = matching.pool_text_features(tr.model, ids, mask)
+    assert eval_calls == [1] and tr.model.training
+    with torch.no_grad():
+        ref = tr.model.encode_text(ids, mask)
+    assert not fast.global_.requires_grad
+    torch.testing.assert_close(fast.global_, ref.global_, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fast.tokens, ref.tokens, atol=1e-6, rtol=0)
+    assert torch.equal(fast.mask, ref.mask)
+    tr.model.text_blocks.layers[0].dropout1.p = 0.1  # a mode-dependent layer: no eval-mode forward
+    assert not matching._mode_independent(tr.model)
+    matching.pool_text_features(tr.model, ids, mask)
+    assert eval_calls == [1]
+
+
+@pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
+def test_second_round_switches_leave_the_epoch_unchanged(items, monkeypatch, epoch):
+    """NumPy Sinkhorn blocks and the eval-mode pool encode on vs off (the defaults: loss OT to its tolerance,
+    re-matching to match_tol): same losses, assignments and weights up to float rounding."""
+    import importlib
+
+    from reprlab.methods.otcclip import matching
+
+    sk = importlib.import_module("reprlab.ot.sinkhorn")  # the module (reprlab.ot.sinkhorn is also a function)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(sk, "NUMPY_SMALL", on)
+        monkeypatch.setattr(matching, "POOL_EVAL_FORWARD", on)
+        tr = _trainer(items, "otcclip", epochs=2, sgd=True)
+        if epoch == 1:
+            tr.run_epoch(0)
+        stats = tr.run_epoch(epoch)
+        results[on] = (stats, [p.detach().clone() for p in tr.model.parameters()])
+    (s_on, w_on), (s_off, w_off) = results[True], results[False]
+    for k in ("loss", "loss_clip", "loss_ot_inter", "loss_ot_intra", "loss_ot_iters"):
+        assert s_on[k] == pytest.approx(s_off[k], abs=1e-5), k
+    if epoch == 1:
+        assert s_on["rematch_poison_moved"] == s_off["rematch_poison_moved"]
+        assert s_on["rematch_clean_kept"] == s_off["rematch_clean_kept"]
+        assert s_on["ot_max_marginal_error"] == pytest.approx(s_off["ot_max_marginal_error"], abs=1e-6)
+    assert max(float((a - b).abs().max()) for a, b in zip(w_on, w_off)) < 1e-5
+
+
+@pytest.mark.parametrize("tol", [None, 1e-2])
+def test_grouped_cosine_gradient_equals_autograd_through_the_cost(monkeypatch, tol):
+    """ot_alignments' one-node backward (GROUPED_COSINE_GRAD) vs autograd through the padded cosine cost:
+    bitwise the same values and solve, gradients equal up to rounding; inputs not unit-norm, zero (padding)
+    vectors, duplicated points (1 - cos rounds below 0 and is clamped) and a detached side included."""
+    from reprlab.methods.otcclip import losses
+
+    g = torch.Generator().manual_seed(5)
+    x0, y0, m0 = _sets(6, 4, 5, seed=6)
+    x1 = 3.0 * torch.randn(3, 5, 8, generator=g)  # not unit-norm
+    y1 = torch.cat([x1[:, :3], torch.randn(3, 2, 8, generator=g)], 1)  # duplicated points: cos = 1
+    x2, y2, m2 = _sets(3, 4, 3, seed=7)
+    y2 = y2 * m2[:, :, None]  # zero vectors on padding
+    cfg = OTConfig(loss_tol=tol, n_iters=60)
+    results = {}
+    for on in (True, False):
+        monkeypatch.setattr(losses, "GROUPED_COSINE_GRAD", on)
+        leaves = [t.clone().requires_grad_() for t in (x0, y0, x1, y1, x2)]
+        groups = [
+            (leaves[0], leaves[1], None, m0),
+            (leaves[2], leaves[3], None, None),
+            (leaves[4], y2.clone(), None, m2),  # y detached, as matched pool captions
+        ]
+        diag = []
+        vals = losses.ot_alignments(groups, cfg, diag)
+        (vals[0] + 2.0 * vals[1] + 0.5 * vals[2]).backward()
+        results[on] = (vals, [t.grad for t in leaves], diag[0])
+    (v_on, g_on, d_on), (v_off, g_off, d_off) = results[True], results[False]
+    assert [float(v) for v in v_on] == [float(v) for v in v_off]  # same costs, same solve: bitwise
+    assert d_on.n_iters == d_off.n_iters and torch.equal(d_on.plan, d_off.plan)
+    for a, b in zip(g_on, g_off):
+        assert float(b.abs().max()) > 1e-3  # every leaf gets a real gradient, so the comparison bites
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

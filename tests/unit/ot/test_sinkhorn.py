@@ -113,6 +113,40 @@ def test_small_problem_path_equals_batched_gemv_path(monkeypatch, tol):
     torch.testing.assert_close(small.cost, gemv.cost, atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("tol", [None, 1e-6, 1e-3])
+def test_numpy_small_path_equals_torch_small_path(monkeypatch, dtype, tol):
+    """NUMPY_SMALL runs the same blocks as the torch broadcast-product path with the weights folded into the
+    kernels and a mat-vec convergence check: same iterates up to rounding, same stopping iteration, same
+    outputs; padding included."""
+    C, a, b = _problem(7, 9, 6, seed=11, dtype=dtype)
+    a[1, 5:] = 0
+    b[2, 4:] = 0
+    assert sk.NUMPY_SMALL and 9 * 6 <= sk.SMALL_PROBLEM
+    fast = sinkhorn(C, a, b, 0.05, n_iters=300, tol=tol)
+    monkeypatch.setattr(sk, "NUMPY_SMALL", False)  # the torch small-problem path
+    ref = sinkhorn(C, a, b, 0.05, n_iters=300, tol=tol)
+    assert fast.solver == ref.solver == "sinkhorn-scaling" and fast.n_iters == ref.n_iters
+    if tol is not None:
+        assert fast.n_iters < 300  # stopped early, at the same check
+    atol, rtol = (1e-12, 1e-9) if dtype == F64 else (1e-6, 1e-4)
+    for field in ("plan", "cost", "f", "g", "marginal_error", "reg_cost"):
+        torch.testing.assert_close(getattr(fast, field), getattr(ref, field), atol=atol, rtol=rtol)
+    assert torch.equal(fast.converged, ref.converged)
+
+
+def test_numpy_small_path_hands_over_to_the_log_domain_like_the_torch_path(monkeypatch):
+    C, a, b = _problem(4, 7, 5, seed=4, scale=2.0)
+    a[1, 4:] = 0
+    b[2, :3] = 0
+    fast = sinkhorn(C, a, b, 1e-4, n_iters=30)
+    monkeypatch.setattr(sk, "NUMPY_SMALL", False)
+    ref = sinkhorn(C, a, b, 1e-4, n_iters=30)
+    assert fast.solver == ref.solver == "sinkhorn-log" and fast.n_iters == ref.n_iters
+    torch.testing.assert_close(fast.plan, ref.plan, atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(fast.cost, ref.cost, atol=1e-12, rtol=1e-9)
+
+
 def test_plan_is_gibbs_form_of_potentials():
     C, a, b = _problem(3, 6, 4, seed=5)
     r = sinkhorn(C, a, b, 0.1, n_iters=30)

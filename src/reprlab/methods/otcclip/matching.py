@@ -103,6 +103,41 @@ def used_width(mask: torch.Tensor) -> int:
     return int(cols.max()) + 1 if len(cols) else mask.shape[1]
 
 
+# [ours, speed] see pool_text_features; False = the plain no-grad forward in training mode (the old path).
+POOL_EVAL_FORWARD = True
+
+
+@torch.no_grad()
+def pool_text_features(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor):
+    """``model.encode_text(ids, mask)`` without gradient: the features a batch's own captions enter the pool with.
+
+    [ours, speed] When the model's forward does not depend on its training mode (no dropout with p > 0, no
+    batch norm), the forward runs in eval mode, where torch's transformer layers take their fused inference
+    path: the same values up to float rounding (1e-7 on TinyCLIP; tested), 4.1 vs 5.9 ms for 50 captions on
+    TinyCLIP (1 thread). The training mode is restored afterwards.
+    """
+    if not (POOL_EVAL_FORWARD and model.training and _mode_independent(model)):
+        return model.encode_text(ids, mask)
+    model.eval()
+    try:
+        return model.encode_text(ids, mask)
+    finally:
+        model.train()
+
+
+def _mode_independent(model: nn.Module) -> bool:
+    """True when no submodule behaves differently in train and eval mode (dropout p > 0, batch norm)."""
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            return False
+        if isinstance(mod, nn.modules.dropout._DropoutNd) and mod.p > 0:
+            return False
+        rate = getattr(mod, "dropout", None)  # MultiheadAttention and HF attention keep a float rate
+        if isinstance(rate, float) and rate > 0:
+            return False
+    return True
+
+
 @dataclass
 class MatchResult:
     """``index (batch,)`` into the pool; ``score (batch,)`` of the chosen caption; ``ot (batch, k)`` distances;

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
 from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
-from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, used_width
+from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_features, used_width
 from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
@@ -61,8 +61,7 @@ class OTCCLIP(Defense):
     def assign(self, tr, b: Batch, img: ImageFeatures) -> tuple[Assignment, TextFeatures]:
         """Re-match this rank's images over the pool; returns the assignment and the text features to train on."""
         c = self.cfg
-        with torch.no_grad():
-            batch_txt = tr.model.encode_text(b.ids1, b.mask1)
+        batch_txt = pool_text_features(tr.model, b.ids1, b.mask1)  # no gradient (eval-mode forward)
         pool = self.pool(tr, b, batch_txt)
         own = torch.arange(b.rows.start, b.rows.stop, device=tr.device) if c.include_own else None
         match = otc_rematch(
