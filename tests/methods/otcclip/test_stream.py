@@ -272,8 +272,9 @@ def test_open_clip_arch_says_why_it_is_not_available():
         pass
     else:
         pytest.skip("open_clip imports here: the missing-package path cannot be tested")
-    with pytest.raises(ModelNotAvailableError, match="open_clip:ViT-B-32.*open-clip-torch"):
+    with pytest.raises(ModelNotAvailableError, match="open_clip:ViT-B-32.*open-clip-torch") as err:
         build_model(ModelConfig(arch="open_clip:ViT-B-32"), 10)
+    assert "scripts/openclip_env.sh" in (err.value.hint or "")  # where the open_clip path does run
     from reprlab.recipes import get_recipe
 
     cfg = get_recipe("otcclip-shards-tiny").build_config(["model.arch=open_clip:ViT-B-32"])
