@@ -237,3 +237,30 @@ def test_two_torchrun_ranks_on_the_shard_path_train_the_open_clip_model_like_one
         moved += float((w - one["init"][name]).abs().sum())
     print(f"torchrun vs one process: max weight difference {worst:.2e}, total weight move {moved:.3g}")
     assert moved > 1e-2  # training changed the weights: the comparison is not vacuous
+
+
+def test_the_openclip_recipe_runs_end_to_end_on_a_miniature(tmp_path):
+    """otcclip-openclip-tiny through recipe.run (preflight, shards stage, open_clip tokenizer, streamed training,
+    evaluation) on a miniature of its testbed; every defense reports its metrics."""
+    import yaml
+
+    from reprlab.config import load_config
+    from reprlab.methods.otcclip import recipe
+    from reprlab.runs import Run
+
+    path = Path(recipe.__file__).parent / "recipes" / "otcclip-openclip-tiny.yaml"
+    mini = ["data.n_pairs=160", "data.captions_per_target=4", "data.n_targets=2", "data.backdoor_pairs=8",
+            "data.n_eval=60", "data.n_probe_train=60", "train.epochs=2", "train.batch_size=20",
+            "defense.rematch_warmup=1", "defense.rematch_every=1", "defense.safeclip_unimodal_epochs=0",
+            "defense.ot.n_iters=10", "defense.bank_size=64", "stream.shard_size=42", "stream.num_workers=1"]  # fmt: skip
+    cfg = load_config(recipe.Config, yaml.safe_load(path.read_text())["config"], mini)
+    assert cfg.model.arch == "open_clip:reprlab-tiny-vit" and cfg.stream.write_shards
+    recipe.preflight(cfg)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-openclip-tiny", quiet=True)
+    summary = recipe.run(cfg, run)
+    for d in cfg.defenses:
+        for k in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor"):
+            assert 0.0 <= summary[f"{d}.{k}"] <= 1.0, (d, k)
+    assert summary["otcclip.rematch_poison_moved"] >= 0.0 and summary["n_pairs"] == 168
+    data = json.loads((run.dir / "analysis" / "data.json").read_text())
+    assert data["vocab"] == 49408  # open_clip's BPE tokenizer, not a word vocabulary built from the captions

@@ -30,6 +30,7 @@ shortest side bicubic + centre crop, as open_clip's ``resize_mode='shortest'``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -114,7 +115,24 @@ def create_openclip(name: str, pretrained: str = "") -> nn.Module:
             f"model.pretrained {pretrained!r} is not a file: give a local checkpoint (open_clip state dict); "
             "pretrained tags are not downloaded"
         )
-    return open_clip.create_model(name, pretrained=pretrained or None, force_preprocess_cfg=force_pp or None)
+    with _quiet_random_init():
+        return open_clip.create_model(
+            name, pretrained=pretrained or None, force_preprocess_cfg=force_pp or None
+        )
+
+
+class _quiet_random_init(logging.Filter):
+    """Drop open_clip's root-logger warning that a model without ``pretrained`` is randomly initialised (the
+    intended case here: training from scratch), while the model is created."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No pretrained weights loaded" not in record.getMessage()
+
+    def __enter__(self):
+        logging.getLogger().addFilter(self)
+
+    def __exit__(self, *exc):
+        logging.getLogger().removeFilter(self)
 
 
 class OpenCLIPAdapter(nn.Module):
