@@ -4,7 +4,8 @@
 # Why a side venv: open-clip-torch needs torchvision, and no torchvision wheel imports beside the
 # project's pinned torch 2.13.0 CPU build ("operator torchvision::nms does not exist"). On x86_64
 # with Python 3.11, torch 2.14.1 + torchvision 0.29.1 import together (a CUDA build that runs on the
-# CPU, ~5.5 GB). The project itself is installed --no-deps (editable), its other dependencies beside
+# CPU, ~5.5 GB; ~6 GB with open_clip and reprlab's dependencies). Override with OPENCLIP_TORCH /
+# OPENCLIP_TORCHVISION (a matching pair). The project itself is installed --no-deps (editable), its other dependencies beside
 # it, with torch held at the side version by a constraints file.
 #
 # Usage:  scripts/openclip_env.sh [VENV_DIR]          (default: $OPENCLIP_VENV or .venv-openclip)
@@ -15,8 +16,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-${OPENCLIP_VENV:-$ROOT/.venv-openclip}}"
 PY="${PYTHON:-python3.11}"
-TORCH_VER="${OPENCLIP_TORCH:-2.14.1}"
-TV_VER="${OPENCLIP_TORCHVISION:-0.29.1}"
+# x86_64: a CUDA build of torch 2.14.1 that runs on the CPU (~5.5 GB); aarch64: a CPU build of 2.9.1 (~0.7 GB)
+case "$(uname -m)" in
+  aarch64 | arm64) DEF_TORCH=2.9.1 DEF_TV=0.24.1 ;;
+  *) DEF_TORCH=2.14.1 DEF_TV=0.29.1 ;;
+esac
+TORCH_VER="${OPENCLIP_TORCH:-$DEF_TORCH}"
+TV_VER="${OPENCLIP_TORCHVISION:-$DEF_TV}"
 
 check() {
   "$VENV/bin/python" - <<'PY' 2>/dev/null
