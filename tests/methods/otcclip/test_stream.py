@@ -94,6 +94,29 @@ def test_order_depends_on_slots_not_on_workers_and_windows_partition_the_stream(
     assert e1 != windows and sorted(sum(e1, [])) == list(range(32))
 
 
+def test_persistent_workers_serve_every_epoch_with_that_epochs_order(items, tmp_path):
+    """stream.persistent_workers: the same 2 worker processes serve epochs 0-2, and each epoch's windows are the ones
+    a fresh in-process stream gives for that epoch (the epoch reaches the workers through shared memory)."""
+    pairs = _data(items, 32)
+    sh.write_shards(pairs, tmp_path, shard_size=4)
+    base = dict(slots=4, window_batches=2, shuffle_buffer=3)
+    tr = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(num_workers=2, **base))
+    ref = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(num_workers=0, **base))
+    pids, orders = [], []
+    for epoch in range(3):
+        got, _ = _rounds(tr, epoch)
+        want, _ = _rounds(ref, epoch)
+        assert got == want, epoch
+        orders.append([list(w) for w in got])  # a copy: the next _rounds' spy chains to this one's list
+        pids.append([w.pid for w in tr._loader._iterator._workers])
+    assert orders[0] != orders[1] != orders[2]  # the workers did not replay epoch 0
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]  # the same processes
+    fresh = _stream_trainer(
+        pairs, tmp_path, "none", st.StreamConfig(num_workers=2, persistent_workers=False, **base)
+    )
+    assert _rounds(fresh, 1)[0] == orders[1] and fresh._loader is None
+
+
 def _png(value: int, size=(40, 30)) -> bytes:
     from PIL import Image
 
@@ -272,8 +295,9 @@ def test_open_clip_arch_says_why_it_is_not_available():
         pass
     else:
         pytest.skip("open_clip imports here: the missing-package path cannot be tested")
-    with pytest.raises(ModelNotAvailableError, match="open_clip:ViT-B-32.*open-clip-torch"):
+    with pytest.raises(ModelNotAvailableError, match="open_clip:ViT-B-32.*open-clip-torch") as err:
         build_model(ModelConfig(arch="open_clip:ViT-B-32"), 10)
+    assert "scripts/openclip_env.sh" in (err.value.hint or "")  # where the open_clip path does run
     from reprlab.recipes import get_recipe
 
     cfg = get_recipe("otcclip-shards-tiny").build_config(["model.arch=open_clip:ViT-B-32"])

@@ -29,7 +29,10 @@ class ModelConfig:
         metadata={
             "help": "'tiny' (our TinyCLIP), 'hf_clip' (a transformers CLIPModel built from the sizes below, random "
             "init: ViT-B/32 = image 224, patch 32, width 768, 12 layers, 12 heads; text 512, 12 layers, 8 heads; "
-            "embed 512) or 'open_clip:<name>' (needs open-clip-torch; not available here)"
+            "embed 512) or 'open_clip:<name>': an open_clip model config name (ViT-B-32, RN50, ... random init), "
+            "'reprlab-tiny-vit' (the CPU recipe's tiny ViT), a model config .json or a local-dir folder; its own "
+            "sizes, tokenizer and preprocess_cfg, the sizes below ignored (needs open-clip-torch, which does not "
+            "import beside this torch build: run it in the side venv of scripts/openclip_env.sh)"
         },
     )
     tokenizer: str = field(
@@ -37,6 +40,13 @@ class ModelConfig:
         metadata={
             "help": "hf_clip only: a local Hugging Face tokenizer folder (CLIP's BPE; text pooled at EOS, as CLIP); "
             "'' = our word tokenizer built from the captions, text mean-pooled [ours]"
+        },
+    )
+    pretrained: str = field(
+        default="",
+        metadata={
+            "help": "open_clip only [ours]: a local checkpoint file (open_clip state dict) to start from; '' = random "
+            "init (hub tags are never downloaded)"
         },
     )
     image_size: int = field(default=56, metadata={"help": "input side in pixels"})
@@ -151,13 +161,14 @@ def build_model(cfg: ModelConfig, vocab_size: int, in_channels: int = 1) -> nn.M
 
         return HFCLIPAdapter.from_config(clip_config(cfg, vocab_size), cfg)
     if cfg.arch.startswith("open_clip:"):
-        return _open_clip(cfg.arch.partition(":")[2])
+        return _open_clip(cfg.arch.partition(":")[2], cfg.pretrained)
     raise ConfigError(f"model.arch {cfg.arch!r} is not one of {list(ARCHS)}")
 
 
-def _open_clip(name: str) -> nn.Module:
-    """An open_clip architecture [issue 11 item 5], imported only when asked for."""
-    from reprlab.errors import ConfigError, ModelNotAvailableError
+def _open_clip(name: str, pretrained: str = "") -> nn.Module:
+    """An open_clip architecture behind the TinyCLIP interface [issue 11 item 5] (``openclip_adapter``), imported
+    only when asked for."""
+    from reprlab.errors import ModelNotAvailableError
 
     try:
         import open_clip  # noqa: F401
@@ -165,10 +176,10 @@ def _open_clip(name: str) -> nn.Module:
         raise ModelNotAvailableError(
             f"model.arch open_clip:{name} needs the open-clip-torch package, which cannot be imported here "
             f"({type(err).__name__}: {err})",
-            hint="pip install open-clip-torch with a torchvision built for this torch, or use model.arch=hf_clip "
-            "(same ViT-B/32 sizes through transformers)",
+            hint="open-clip-torch needs torchvision, which does not import beside the project's torch 2.13.0 CPU "
+            "build: build the side venv with scripts/openclip_env.sh (torch 2.14.1 + torchvision 0.29.1 + "
+            "open-clip-torch) and run there, or use model.arch=hf_clip (same ViT-B/32 sizes through transformers)",
         ) from err
-    raise ConfigError(
-        f"model.arch open_clip:{name}: open_clip imports, but reprlab has no adapter exposing its patch and "
-        "token features yet; use model.arch=hf_clip"
-    )
+    from reprlab.methods.otcclip.openclip_adapter import build
+
+    return build(name, pretrained)

@@ -36,6 +36,7 @@ from reprlab.methods.otcclip.mosaic import (
     make_mosaics,
     make_single_items,
 )
+from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
 from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted, add_wanet_noise
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.stream import StreamConfig
@@ -351,7 +352,7 @@ def run(cfg: Config, run: Run) -> dict:
     # a plain launch is one rank (the trainer is then unchanged); under torchrun the ranks split each batch
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     bed = build_testbed(cfg.data, cfg.seed)
-    tok = WordTokenizer.from_texts(bed.pairs.captions)
+    tok = OpenCLIPTokenizer.for_config(cfg.model) or WordTokenizer.from_texts(bed.pairs.captions)
     if run.is_main:
         (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
         tok.save(run.dir / "artifacts" / "tokenizer.json")
@@ -402,7 +403,9 @@ def run_stream(cfg: Config, run: Run) -> dict:
         source = ShardSource(shard_dir)
     else:
         source = open_source(sc.source, sc.image_root)
-    if cfg.model.tokenizer:
+    if cfg.model.arch.startswith("open_clip:"):
+        tok = OpenCLIPTokenizer.for_config(cfg.model)  # open_clip's own (BPE shipped in the package)
+    elif cfg.model.tokenizer:
         from transformers import AutoTokenizer
 
         from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter

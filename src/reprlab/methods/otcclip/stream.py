@@ -22,7 +22,8 @@ streaming structure (a larger ``defense.bank_size`` widens the pool; it never ho
 **Preprocessing** is the model's own (:func:`model_transform`): workers decode, resize the shorter side to
 the model's input size (bicubic, as CLIP's processor) and centre-crop, keeping ``uint8``; the trainer's
 augmentation maps to [-1, 1] and the model maps that to its own normalisation (TinyCLIP: [-1, 1] itself; the
-Hugging Face adapter: its processor's mean and std). An image already at the input size is not resampled, so
+Hugging Face adapter: its processor's mean and std; the open_clip adapter: its model's preprocess_cfg mean, std and
+size, whose ``resize_mode='shortest'`` + bicubic this decode matches). An image already at the input size is not resampled, so
 shards of our mosaics stream back the exact pixels.
 
 Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON) are
@@ -92,6 +93,13 @@ class StreamConfig:
             "rank's slots evenly"
         },
     )
+    persistent_workers: bool = field(
+        default=True,
+        metadata={
+            "help": "keep the DataLoader workers alive across epochs (the epoch reaches them through shared memory) "
+            "instead of starting them again every epoch"
+        },
+    )
     window_batches: int = field(
         default=10,
         metadata={
@@ -149,8 +157,8 @@ class ImageTransform:
 
 
 def model_transform(model) -> ImageTransform:
-    """The model's own input geometry: TinyCLIP's ``image_size`` and channel count; a Hugging Face CLIP's
-    vision ``image_size`` in RGB (its mean/std are applied inside the adapter)."""
+    """The model's own input geometry: TinyCLIP's ``image_size`` and channel count; a Hugging Face or open_clip
+    adapter's ``image_size`` (open_clip: its preprocess_cfg ``size``) in RGB (mean/std are applied inside)."""
     if hasattr(model, "patch_embed"):
         return ImageTransform(model.cfg.image_size, model.patch_embed.in_channels)
     return ImageTransform(model.image_size, 3)
@@ -341,10 +349,16 @@ class SlotStream(IterableDataset):
         self.source, self.slots, self.n_slots, self.per_slot = source, slots, n_slots, per_slot
         self.transform, self.tokenizer, self.max_len = transform, tokenizer, max_len
         self.seed, self.shuffle_shards, self.shuffle_buffer = seed, shuffle_shards, shuffle_buffer
-        self.epoch = 0
+        # shared memory: persistent DataLoader workers hold a copy of this dataset made when they started, and
+        # read the epoch from here each time an epoch's iteration starts
+        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self._epoch.fill_(epoch)
 
     def _samples(self, slot: int, skip: Counter) -> Iterator[tuple[torch.Tensor, str, dict]]:
         for _name, image, caption, meta in self.source.items(
@@ -485,14 +499,17 @@ class StreamTrainer(Trainer):
         self.ids, self.mask, self.poison = self.data.ids, self.data.mask, self.data.kind
         self.state = _NoState(0)
         self.skipped: Counter = Counter()
+        self._loader: DataLoader | None = None
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model, "bank": self.bank}  # the window's SafeCLIP mask is rebuilt per window
 
     def global_batches(self, epoch: int, phase: str, stats: dict):
         """Windows of the stream, each shuffled and cut into global batches (module docstring)."""
-        self.stream.set_epoch(epoch)
-        loader = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers)
+        self.stream.set_epoch(
+            epoch
+        )  # before iter(): workers (new or persistent) read it when their epoch starts
+        loader = self._data_loader()
         it, pending, ended = iter(loader), {s: deque() for s in self.local_slots}, set()
         self.skipped = Counter()
         split: dict[str, list] = {}
@@ -514,7 +531,7 @@ class StreamTrainer(Trainer):
                 yield order[j * b : (j + 1) * b]
                 step += 1
             w += 1
-        del it, loader  # ends the workers
+        del it, loader  # ends non-persistent workers; persistent ones wait for the next epoch
         for k, vals in split.items():
             if not k.startswith("_"):
                 stats[k] = float(sum(v * n for v, n in vals) / max(1, sum(n for _, n in vals)))
@@ -524,6 +541,17 @@ class StreamTrainer(Trainer):
         stats["data_windows"] = w
         stats["data_steps"] = step
         stats.update({f"data_skipped_{k}": v for k, v in sorted(self.skipped.items())})
+
+    def _data_loader(self) -> DataLoader:
+        """This epoch's loader: with ``stream.persistent_workers`` (and workers) one loader whose worker processes
+        serve every epoch, else a new one (workers started and ended per epoch)."""
+        if not (self.num_workers and self.scfg.persistent_workers):
+            return DataLoader(self.stream, batch_size=None, num_workers=self.num_workers)
+        if self._loader is None:
+            self._loader = DataLoader(
+                self.stream, batch_size=None, num_workers=self.num_workers, persistent_workers=True
+            )
+        return self._loader
 
     def _next_window(self, it, pending: dict, ended: set) -> dict | None:
         """Pull this rank's minibatches until every local slot has a window's worth (or ran out), agree with

@@ -1,0 +1,46 @@
+"""Worker of ``test_openclip.py``: OTCCLIP 2 epochs from shards on open_clip's ``reprlab-tiny-vit`` (through
+:class:`OpenCLIPAdapter`), as one process or under ``torchrun`` (gloo); rank 0 saves the epoch stats, the initial
+and the final weights. Runs only where open-clip-torch imports (the side venv of scripts/openclip_env.sh).
+
+Usage: ``openclip_worker.py SHARDS OUT NUM_WORKERS``.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the tests package
+
+from reprlab.methods.otcclip import stream as st  # noqa: E402
+from reprlab.methods.otcclip.model import ModelConfig, build_model  # noqa: E402
+from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer  # noqa: E402
+from reprlab.methods.otcclip.trainer import TrainConfig  # noqa: E402
+from reprlab.train.dist import init_distributed  # noqa: E402
+from tests.methods.otcclip.test_trainer import DCFG  # noqa: E402
+
+ARCH = ModelConfig(arch="open_clip:reprlab-tiny-vit")
+
+
+def main(shards: str, out: str, workers: int) -> None:
+    torch.set_num_threads(1)
+    info = init_distributed(device="cpu")
+    src = st.ShardSource(shards)
+    tok = OpenCLIPTokenizer.for_config(ARCH)
+    torch.manual_seed(0)
+    model = build_model(ARCH, len(tok))
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=2)
+    tr = st.StreamTrainer(model, src, tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=2, lr=0.5), DCFG, 0,
+                          cfg, n_samples=src.count(), dist=info)  # fmt: skip
+    # as stream_worker.py: SGD, since Adam turns float-noise gradients into lr-sized steps
+    tr.opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    stats = [tr.run_epoch(e) for e in range(2)]
+    if info.is_main:
+        torch.save({"world": info.world_size, "stats": stats, "init": init, "state": model.state_dict()}, out)
+    if info.enabled:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
