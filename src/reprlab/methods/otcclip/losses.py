@@ -68,17 +68,38 @@ class OTConfig:
     )
 
 
-def clip_loss(image_global: torch.Tensor, text_global: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def clip_loss(
+    image_global: torch.Tensor,
+    text_global: torch.Tensor,
+    scale: torch.Tensor,
+    negative_mask: torch.Tensor | None = None,
+    row_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Symmetric InfoNCE.
 
     Args:
         image_global: ``(batch, d)`` normalised image embeddings u_i.
         text_global: ``(batch, d)`` normalised caption embeddings w_pi(i) paired row by row.
         scale: scalar exp(t).
+        negative_mask: optional ``bool (batch, batch)`` [ours]: logits ``(i, j)`` to leave out of both
+            cross-entropies (as if that column were not there for row i, and that row not there for column j);
+            the diagonal must be False.
+        row_weight: optional ``(batch,)`` [ours]: pair i's row and column cross-entropies are multiplied by it
+            (still averaged over ``batch``).
     """
     logits = scale * image_global @ text_global.T  # [batch, batch]
     target = torch.arange(len(logits), device=logits.device)
-    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+    if negative_mask is None and row_weight is None:
+        return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+    if negative_mask is not None:
+        if negative_mask.diagonal().any():
+            raise ValueError("clip_loss: negative_mask must not mask a positive (diagonal) pair")
+        logits = logits.masked_fill(negative_mask, float("-inf"))
+    rows = F.cross_entropy(logits, target, reduction="none")
+    cols = F.cross_entropy(logits.T, target, reduction="none")
+    if row_weight is not None:
+        rows, cols = rows * row_weight, cols * row_weight
+    return 0.5 * (rows.mean() + cols.mean())
 
 
 def unimodal_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -149,8 +170,11 @@ def ot_alignment(
     y_mask: torch.Tensor | None,
     cfg: OTConfig,
     diagnostics: list[SinkhornResult] | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean OT distance over paired sets (a scalar loss); gradients reach the features through the cost only.
+
+    ``weight``: optional ``(B,)`` [ours] multiplying each pair's distance before the mean.
 
     Solved to ``cfg.loss_tol`` (or ``cfg.n_iters`` fixed iterations); the solver's result (marginal errors,
     iterations) is appended to ``diagnostics`` when a list is given.
@@ -158,13 +182,14 @@ def ot_alignment(
     res = ot_solve(x, y, x_mask, y_mask, cfg)
     if diagnostics is not None:
         diagnostics.append(res)
-    return res.cost.mean()
+    return res.cost.mean() if weight is None else (res.cost * weight).mean()
 
 
 def ot_alignments(
     pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
     cfg: OTConfig,
     diagnostics: list[SinkhornResult] | None = None,
+    weights: list[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor]:
     """Several :func:`ot_alignment` losses from one solver call: ``[(x, y, x_mask, y_mask), ...]`` -> the
     mean distance of each group.
@@ -173,6 +198,7 @@ def ot_alignments(
     tokens-tokens); the solver's cost per call is dominated by its ~100 sequential small ops, not by the
     problem count, so the groups are zero-padded (mask False) to a common ``(n, m)`` and solved together.
     Padding carries no mass, so each distance equals the separate solve up to float rounding (tested).
+    ``weights``: optional list parallel to ``pairs`` of ``(B_group,)`` weights or None (see ``ot_alignment``).
     """
     if GROUPED_COSINE_GRAD and cfg.solver == "sinkhorn":  # [ours, speed] same solve, one backward node
         tol = cfg.loss_tol
@@ -198,4 +224,6 @@ def ot_alignments(
     res = ot_solve(torch.cat(xs), torch.cat(ys), torch.cat(xms), torch.cat(yms), cfg)
     if diagnostics is not None:
         diagnostics.append(res)
-    return [part.mean() for part in res.cost.split([len(x) for x, _, _, _ in pairs])]
+    parts = res.cost.split([len(x) for x, _, _, _ in pairs])
+    weights = weights or [None] * len(parts)  # [ours] optional per-pair weights of a group, as ot_alignment
+    return [part.mean() if w is None else (part * w).mean() for part, w in zip(parts, weights)]

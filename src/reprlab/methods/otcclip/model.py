@@ -61,6 +61,14 @@ class ModelConfig:
     text_heads: int = field(default=4, metadata={"help": "text transformer heads"})
     max_len: int = field(default=32, metadata={"help": "caption length in tokens (longer is truncated)"})
     embed_dim: int = field(default=64, metadata={"help": "joint embedding dimension"})
+    feature_layer: int = field(
+        default=-1,
+        metadata={
+            "help": "[ours; tiny only] block whose output gives the fine-grained features (patches, word tokens) "
+            "used by OT, Python-indexed over the blocks (-1 = last, -2 = the one before, ...), passed through "
+            "the same final LayerNorm and projection; the global embeddings always come from the last block"
+        },
+    )
 
 
 @dataclass
@@ -127,6 +135,9 @@ class TinyCLIP(nn.Module):
         h = self.image_proj(self.image_ln(self.image_blocks(x)))  # [batch, 1 + n, d]
         h = F.normalize(h, dim=-1)
         patches = h[:, 1:]
+        if self.cfg.feature_layer != -1:  # [ours] fine-grained features from an earlier block
+            early = self._block_output(self.image_blocks, x, self.cfg.feature_layer)
+            patches = F.normalize(self.image_proj(self.image_ln(early[:, 1:])), dim=-1)
         return ImageFeatures(
             h[:, 0], patches, torch.ones(patches.shape[:2], dtype=torch.bool, device=h.device)
         )
@@ -139,7 +150,20 @@ class TinyCLIP(nn.Module):
         tokens = self.text_proj(self.text_ln(h))  # [batch, pos, d]
         w = mask.unsqueeze(-1).to(tokens.dtype)
         global_ = F.normalize((tokens * w).sum(1) / w.sum(1).clamp_min(1.0), dim=-1)
+        if self.cfg.feature_layer != -1:  # [ours] fine-grained features from an earlier block
+            early = self._block_output(self.text_blocks, x, self.cfg.feature_layer, ~mask)
+            tokens = self.text_proj(self.text_ln(early))
         return TextFeatures(global_, F.normalize(tokens, dim=-1) * w, mask)
+
+    @staticmethod
+    def _block_output(blocks: nn.TransformerEncoder, x: torch.Tensor, layer: int, pad=None) -> torch.Tensor:
+        """Output of block ``layer`` (Python index over the blocks) of ``blocks`` applied to ``x``."""
+        n = len(blocks.layers)
+        if not -n <= layer < n:
+            raise ValueError(f"model.feature_layer {layer} is outside the {n} blocks")
+        for block in blocks.layers[: layer % n + 1]:
+            x = block(x, src_key_padding_mask=pad)
+        return x
 
     def scale(self) -> torch.Tensor:
         """exp(t) with t clamped at ln 100."""
@@ -156,6 +180,8 @@ def build_model(cfg: ModelConfig, vocab_size: int, in_channels: int = 1) -> nn.M
 
     if cfg.arch == "tiny":
         return TinyCLIP(cfg, vocab_size, in_channels)
+    if cfg.feature_layer != -1:
+        raise ConfigError(f"model.feature_layer={cfg.feature_layer} is implemented for model.arch=tiny only")
     if cfg.arch == "hf_clip":
         from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, clip_config
 

@@ -70,6 +70,38 @@ class DefenseConfig:
             "gt": 0,
         },
     )
+    own_negatives: str = field(
+        default="keep",
+        metadata={
+            "help": "[ours, fourth ablation pass] OTCCLIP CLIP loss: 'keep' = every other column is a negative "
+            "(as before); 'mask_own' = a column whose caption is the row image's own training caption (the same "
+            "pair's caption, from the batch or a bank copy of it) is masked out in both directions, so the own "
+            "caption is never a negative for its image; 'mask_text' = as 'mask_own', for every caption with the "
+            "same raw text as the own caption (exact duplicates; no provenance is read)",
+            "choices": ["keep", "mask_own", "mask_text"],
+        },
+    )
+    reassigned_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "[ours, fourth ablation pass] on matching epochs, weight of the CLIP (row and column) and "
+            "inter-OT terms of images whose caption was re-assigned to another pair's caption (1 = as before; "
+            "0 = they train only as negatives and through the intra OT term)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    match_schedule: str = field(
+        default="step",
+        metadata={
+            "help": "[ours, fourth ablation pass] 'step' = re-match every step of a matching epoch over the "
+            "batch + bank with the current model (as before); 'epoch_start' = re-match all training pairs once "
+            "at the start of a matching epoch, over all training captions, with the epoch-start model "
+            "(un-augmented images and captions), and train the whole epoch on that fixed assignment "
+            "(in-memory trainer only)",
+            "choices": ["step", "epoch_start"],
+        },
+    )
     lambda_inter: float = field(default=0.1, metadata={"help": "weight of the patch-token OT loss"})
     lambda_intra: float = field(default=0.1, metadata={"help": "weight of the view-view OT losses"})
     intra_subset: int = field(

@@ -8,6 +8,11 @@ D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kep
 ``matched_text`` [ours] chooses how: ``pool`` (every image trains on its assigned pool caption), ``kept_grad``
 (images that keep their own caption train it with text gradient) or ``drop`` (as ``kept_grad``, and images
 whose caption was re-assigned leave the cross-modal losses for that step).
+
+Fourth ablation pass [ours], aimed at the within-epoch feedback loop of re-matching
+(docs/otcclip_ablation.md): ``own_negatives`` masks the own caption (or exact-duplicate captions) out of the
+negatives of its image, ``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and
+``match_schedule='epoch_start'`` fixes the assignment for a whole matching epoch from the epoch-start model.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from dataclasses import fields
 import torch
 import torch.nn.functional as F
 
+from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
+from reprlab.methods.otcclip.evaluate import to_input
 from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_features, used_width
 from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
@@ -36,6 +43,116 @@ class OTCCLIP(Defense):
 
     def lr_scale(self, phase: str) -> float:
         return self.cfg.match_lr_scale if phase == "otc_match" else 1.0
+
+    # ---------------------------------------------------------------- fourth-pass options [ours]
+    def _enqueue(self, tr, b: Batch, txt: TextFeatures) -> None:
+        """``tr.enqueue`` the batch, and remember which training pair each bank slot's caption came from
+        (``_bank_loc``, -1 = unknown, e.g. after a resume), so ``own_negatives`` can recognise bank copies of an
+        image's own caption. The bank is a FIFO of the global batches (same on every rank)."""
+        bank = tr.bank
+        start = int(bank.ptr)
+        tr.enqueue(b.ids1, b.mask1, txt, b.loc)
+        loc = getattr(self, "_bank_loc", None)
+        if loc is None or len(loc) != bank.capacity:
+            loc = self._bank_loc = torch.full((bank.capacity,), -1, dtype=torch.long)
+        n = min(len(b.idx), bank.capacity)
+        loc[(start + torch.arange(n)) % bank.capacity] = b.idx[-n:].cpu()
+
+    def _pair_key(self, tr, loc: torch.Tensor) -> torch.Tensor:
+        """Caption key of training pairs ``loc`` (-1 stays -1): the pair itself (``mask_own``) or the id of its
+        raw caption text (``mask_text``: equal ids = identical token ids before word dropout)."""
+        if self.cfg.own_negatives == "mask_own":
+            return loc
+        key = getattr(self, "_text_key", None)
+        if key is None:
+            if not hasattr(tr, "ids"):
+                raise ConfigError(
+                    "defense.own_negatives=mask_text needs the in-memory trainer (tokenised captions)"
+                )
+            key = self._text_key = torch.unique(tr.ids, dim=0, return_inverse=True)[1]
+        out = torch.full_like(loc, -1)
+        known = loc >= 0
+        out[known] = key.to(loc.device)[loc[known]]
+        return out
+
+    def _negative_mask(self, tr, b: Batch, assigned_loc: torch.Tensor | None) -> torch.Tensor | None:
+        """``bool (global, global)``: logit (i, j) is masked when pair j trains on a caption with image i's own
+        caption key (i != j). ``assigned_loc (local,)``: the training pair each image's trained-on caption came
+        from (its own on non-matching epochs)."""
+        if self.cfg.own_negatives == "keep":
+            return None
+        own = b.idx.to(tr.device)
+        got = own if assigned_loc is None else all_gather_nograd(assigned_loc.to(tr.device))
+        k_own, k_got = self._pair_key(tr, own), self._pair_key(tr, got)
+        mask = (k_own[:, None] == k_got[None, :]) & (k_got[None, :] >= 0)
+        return mask & ~torch.eye(len(own), dtype=torch.bool, device=mask.device)
+
+    @torch.no_grad()
+    def start_epoch(self, tr, epoch: int, phase: str) -> dict:
+        """``match_schedule='epoch_start'``: re-match every training pair once, with the epoch-start model, over
+        all training captions (un-augmented), and keep that assignment for the epoch's steps."""
+        self._fixed = None
+        if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
+            return {}
+        if not hasattr(tr, "data") or not hasattr(tr, "ids"):
+            raise ConfigError("defense.match_schedule=epoch_start needs the in-memory trainer")
+        c, model, dev = self.cfg, tr.model, tr.device
+        chunk = 256
+        imgs = [
+            model.encode_image(to_input(tr.data.images[s : s + chunk]).to(dev))
+            for s in range(0, len(tr.ids), chunk)
+        ]
+        txts = [
+            model.encode_text(tr.ids[s : s + chunk].to(dev), tr.mask[s : s + chunk].to(dev))
+            for s in range(0, len(tr.ids), chunk)
+        ]
+        g = torch.cat([t.global_ for t in txts])
+        tokens, mask = torch.cat([t.tokens for t in txts]), torch.cat([t.mask for t in txts])
+        index, err, conv = [], [], []
+        for s, img in zip(range(0, len(tr.ids), chunk), imgs):
+            own = torch.arange(s, s + len(img.global_), device=dev) if c.include_own else None
+            m = otc_rematch(
+                img.global_,
+                img.patches,
+                g,
+                tokens,
+                mask,
+                c.top_k,
+                c.alpha,
+                c.ot,
+                own_index=own,
+                margin=c.keep_margin,
+            )
+            index.append(m.index)
+            k = m.ot_result.marginal_error.numel() // len(img.global_)
+            err.append(m.ot_result.marginal_error.view(-1, k))
+            conv.append(m.ot_result.converged.view(-1, k))
+        self._fixed = {
+            "index": torch.cat(index),
+            "txt": TextFeatures(g, tokens, mask),
+            "err": torch.cat(err),
+            "conv": torch.cat(conv),
+        }
+        own_kept = (self._fixed["index"] == torch.arange(len(tr.ids), device=dev)).float().mean()
+        return {"epoch_start_own_kept": float(own_kept)}
+
+    def assign_fixed(self, tr, b: Batch) -> tuple[Assignment, TextFeatures]:
+        """The epoch-start assignment of this rank's pairs (``match_schedule='epoch_start'``)."""
+        c, f = self.cfg, self._fixed
+        loc = b.loc.to(f["index"].device)
+        i = f["index"][loc]
+        mask_a = f["txt"].mask[i]
+        w = used_width(mask_a) if c.fused_ot_losses else mask_a.shape[1]
+        ids_a, mask_a = tr.ids[i.cpu()].to(tr.device)[:, :w], mask_a[:, :w]
+        if c.detach_matched_text:
+            txt = TextFeatures(f["txt"].global_[i], f["txt"].tokens[i][:, :w], mask_a)
+        else:
+            txt = tr.model.encode_text(ids_a, mask_a)
+        with torch.no_grad():
+            self._enqueue(tr, b, tr.model.encode_text(b.ids1, b.mask1))
+        ic = i.cpu()
+        sig, poison = tr.data.sig[ic].to(tr.device), tr.poison[ic].to(tr.device)  # diagnostics only
+        return Assignment(i, ids_a, sig, poison, f["err"][loc].flatten(), f["conv"][loc].flatten()), txt
 
     # ---------------------------------------------------------------- caption assignment
     def pool(self, tr, b: Batch, txt: TextFeatures) -> dict:
@@ -59,8 +176,11 @@ class OTCCLIP(Defense):
         }
 
     def assign(self, tr, b: Batch, img: ImageFeatures) -> tuple[Assignment, TextFeatures]:
-        """Re-match this rank's images over the pool; returns the assignment and the text features to train on."""
+        """Re-match this rank's images over the pool; returns the assignment and the text features to train on.
+        Sets ``self._assigned_loc`` (local,): the training pair each assigned caption came from (-1 unknown)."""
         c = self.cfg
+        n_batch = len(b.idx)
+        bank_loc = getattr(self, "_bank_loc", None)
         batch_txt = pool_text_features(tr.model, b.ids1, b.mask1)  # no gradient (eval-mode forward)
         pool = self.pool(tr, b, batch_txt)
         own = torch.arange(b.rows.start, b.rows.stop, device=tr.device) if c.include_own else None
@@ -78,13 +198,23 @@ class OTCCLIP(Defense):
         )
         i = match.index
         ids_a, mask_a = pool["ids"][i], pool["mask"][i]
+        pool_loc = b.idx.to(tr.device)[
+            i.clamp(max=n_batch - 1)
+        ]  # batch part: its pairs; bank part: the mirror
+        in_bank = i >= n_batch
+        if in_bank.any():
+            slots = (i[in_bank] - n_batch).cpu()
+            pool_loc[in_bank] = (bank_loc[slots] if bank_loc is not None else torch.full_like(slots, -1)).to(
+                tr.device
+            )
+        self._assigned_loc = pool_loc
         # [ours, speed, part of fused_ot_losses] pool rows are full width; padding-only columns carry no mass
         w = used_width(mask_a) if c.fused_ot_losses else mask_a.shape[1]
         if c.detach_matched_text:
             txt = TextFeatures(pool["global_"][i], pool["tokens"].take(i, w), mask_a[:, :w])
         else:
             txt = tr.model.encode_text(ids_a[:, :w], mask_a[:, :w])
-        tr.enqueue(b.ids1, b.mask1, batch_txt, b.loc)  # after the query: the pool's batch part is explicit
+        self._enqueue(tr, b, batch_txt)  # after the query: the pool's batch part is explicit
         diag = match.ot_result
         err = None if diag is None else diag.marginal_error
         conv = None if diag is None else diag.converged
@@ -100,6 +230,8 @@ class OTCCLIP(Defense):
         own_txt: TextFeatures | None = None,
         views: tuple | None = None,
         keep: torch.Tensor | None = None,
+        negative_mask: torch.Tensor | None = None,
+        row_weight: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Unweighted loss terms: ``clip``, ``ot_inter`` (patches vs assigned tokens), ``ot_intra`` (view vs view),
         and, when an OT loss was solved, its diagnostics ``ot_marginal_error`` (largest L1 marginal error of the
@@ -113,16 +245,25 @@ class OTCCLIP(Defense):
         :meth:`~reprlab.methods.otcclip.trainer.Trainer.intra_rows`, when the step already encoded them.
         ``keep``: optional ``bool (local,)``; only these rows enter the CLIP and inter-OT terms
         (``matched_text='drop'``). The CLIP term then contrasts the kept rows of the whole global batch.
+        ``negative_mask``: optional ``bool (global, global)`` logits left out of the CLIP term
+        (``own_negatives``); ``row_weight``: optional ``(global,)`` weights of each pair's CLIP and inter-OT terms
+        (``reassigned_weight``).
         """
         c, model = self.cfg, tr.model
         img_g, txt_g = all_gather_with_grad(img.global_), all_gather_with_grad(txt.global_)
         inter = (img.patches, txt.tokens, img.mask, txt.mask)
+        inter_w = None if row_weight is None else row_weight[b.rows]
         if keep is not None:
             kept_global = all_gather_nograd(keep.to(torch.uint8)).bool()
             img_g, txt_g = img_g[kept_global], txt_g[kept_global]
             inter = tuple(t[keep] for t in inter)
+            if negative_mask is not None:
+                negative_mask = negative_mask[kept_global][:, kept_global]
+            if row_weight is not None:
+                row_weight, inter_w = row_weight[kept_global], inter_w[keep]
         zero = img.global_.sum() * 0.0  # a term with no rows: 0, still attached to the graph
-        terms = {"clip": clip_loss(img_g, txt_g, model.scale()) if len(img_g) else zero}
+        clip = clip_loss(img_g, txt_g, model.scale(), negative_mask, row_weight) if len(img_g) else zero
+        terms = {"clip": clip}
         groups: list[tuple[str, tuple]] = []
         diag: list = []  # SinkhornResults of the loss OT solves
         if c.lambda_inter > 0:
@@ -131,7 +272,7 @@ class OTCCLIP(Defense):
             elif c.fused_ot_losses:
                 groups.append(("ot_inter", inter))
             else:  # solved here, before the intra encodes: the old graph order, bitwise-identical weights
-                terms["ot_inter"] = ot_alignment(*inter, c.ot, diag)
+                terms["ot_inter"] = ot_alignment(*inter, c.ot, diag, inter_w)
         if c.lambda_intra > 0 and c.intra_subset > 0:
             sub = tr.intra_rows(len(b.idx))
             if views is not None:
@@ -147,7 +288,10 @@ class OTCCLIP(Defense):
             groups.append(("ot_intra_text", (txt_own.tokens, txt2.tokens, txt_own.mask, txt2.mask)))
         if groups:
             if c.fused_ot_losses:
-                values = ot_alignments([g for _, g in groups], c.ot, diag)
+                weights = [inter_w if name == "ot_inter" else None for name, _ in groups]
+                values = ot_alignments(
+                    [g for _, g in groups], c.ot, diag, weights if inter_w is not None else None
+                )
             else:
                 values = [ot_alignment(*g, c.ot, diag) for _, g in groups]
             parts = dict(zip([name for name, _ in groups], values))
@@ -171,7 +315,18 @@ class OTCCLIP(Defense):
         else:
             img = model.encode_image(b.view1)
         assignment, keep, own_grad = None, None, None
-        if b.phase == "otc_match":
+        self._assigned_loc = None
+        if (
+            b.phase == "otc_match" and getattr(self, "_fixed", None) is not None
+        ):  # match_schedule='epoch_start'
+            assignment, txt = self.assign_fixed(tr, b)
+            self._assigned_loc = assignment.index
+            if c.matched_text != "pool":
+                raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
+            if fuse:
+                ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
+                views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
+        elif b.phase == "otc_match":
             assignment, txt = self.assign(tr, b, img)
             if c.matched_text != "pool":  # [ours] kept own captions train with text gradient
                 kept = assignment.index == torch.arange(b.rows.start, b.rows.stop, device=tr.device)
@@ -199,9 +354,16 @@ class OTCCLIP(Defense):
         else:
             txt = model.encode_text(b.ids1, b.mask1)
         if assignment is None:
-            tr.enqueue(b.ids1, b.mask1, txt, b.loc)
+            self._enqueue(tr, b, txt)
         own = txt if assignment is None else own_grad  # the own captions' features with gradient, if any
-        terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep)
+        neg = self._negative_mask(tr, b, self._assigned_loc)
+        row_w = None
+        if (
+            assignment is not None and c.reassigned_weight != 1.0
+        ):  # [ours] re-assigned = another pair's caption
+            moved = all_gather_nograd(self._assigned_loc) != b.idx.to(tr.device)
+            row_w = torch.where(moved, c.reassigned_weight, 1.0).to(img.global_.dtype)
+        terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep, neg, row_w)
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + c.lambda_inter * terms["ot_inter"]

@@ -1,0 +1,238 @@
+"""The fourth ablation pass's options [ours] (docs/otcclip_ablation.md), each checked against a hand-computed
+answer on the planted problem (``planted.py``) or a manual forward:
+
+* ``own_negatives``: the own caption (``mask_own``; also its bank copies) or every exact-duplicate caption
+  (``mask_text``) is removed from its image's negatives, in both directions, and nothing else is;
+* ``reassigned_weight``: re-assigned pairs' CLIP terms are scaled, kept pairs' are not;
+* ``match_schedule='epoch_start'``: the assignment is computed once per matching epoch and held fixed;
+* ``model.feature_layer``: -1 is the default, an earlier block gives the fine-grained features through the
+  same LayerNorm and projection while the global embeddings stay the last block's.
+
+Checked by breaking each on purpose (then restoring it): mask off / transposed / bank mirror not updated,
+weight applied to kept rows instead, per-step re-matching under ``epoch_start``, feature layer off by one.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, ot_alignments
+from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.trainer import DefenseConfig, Trainer
+
+from .planted import DIM, TRAIN, PlantedCLIP, image_class, planted_pairs
+
+POISON = torch.arange(16) >= 12
+ALL = torch.arange(16)
+
+
+def _planted(**dcfg) -> Trainer:
+    pairs = planted_pairs()
+    tok = WordTokenizer.from_texts(pairs.captions)
+    base = dict(
+        bank_size=64,
+        top_k=4,
+        rematch_warmup=0,
+        rematch_every=1,
+        lambda_inter=0.0,
+        lambda_intra=0.0,
+        keep_margin=0.05,
+        ot=OTConfig(eps=0.05, n_iters=50),
+    )
+    return Trainer(PlantedCLIP(tok), pairs, tok, "otcclip", TRAIN, DefenseConfig(**{**base, **dcfg}), seed=0)
+
+
+def _oracle(u, w, scale, mask=None, weight=None) -> float:
+    """Symmetric InfoNCE written out with loops, float64: logits (i, j) with ``mask[i, j]`` are skipped in row
+    i's and column j's softmax; pair i's two terms are multiplied by ``weight[i]``."""
+    logits = scale * u.double() @ w.double().T
+    n = len(logits)
+    mask = torch.zeros(n, n, dtype=torch.bool) if mask is None else mask
+    weight = torch.ones(n) if weight is None else weight
+    rows = cols = 0.0
+    for i in range(n):
+        row = torch.stack([logits[i, j] for j in range(n) if not mask[i, j]])
+        col = torch.stack([logits[j, i] for j in range(n) if not mask[j, i]])
+        rows += float(weight[i]) * float(torch.logsumexp(row, 0) - logits[i, i])
+        cols += float(weight[i]) * float(torch.logsumexp(col, 0) - logits[i, i])
+    return 0.5 * (rows + cols) / n
+
+
+def _features(tr):
+    """Image one-hots u and the planted assignment's caption one-hots (every image ends on its true class)."""
+    u = F.one_hot(image_class(tr.data), DIM).float()
+    return u, u.clone()
+
+
+# ---------------------------------------------------------------------------------- own_negatives
+def test_clip_loss_mask_and_weight_match_the_written_out_loss():
+    g = torch.Generator().manual_seed(0)
+    u = F.normalize(torch.randn(6, 5, generator=g), dim=-1)
+    w = F.normalize(torch.randn(6, 5, generator=g), dim=-1)
+    mask = torch.zeros(6, 6, dtype=torch.bool)
+    mask[0, 3] = mask[2, 5] = mask[4, 1] = True
+    weight = torch.tensor([1.0, 0.2, 1.0, 0.0, 0.5, 1.0])
+    scale = torch.tensor(7.0)
+    assert float(clip_loss(u, w, scale)) == pytest.approx(_oracle(u, w, 7.0), abs=1e-5)
+    assert float(clip_loss(u, w, scale, mask)) == pytest.approx(_oracle(u, w, 7.0, mask), abs=1e-5)
+    got = float(clip_loss(u, w, scale, mask, weight))
+    assert got == pytest.approx(_oracle(u, w, 7.0, mask, weight), abs=1e-5)
+    assert abs(_oracle(u, w, 7.0, mask) - _oracle(u, w, 7.0)) > 1e-3  # the mask is visible
+    assert abs(_oracle(u, w, 7.0, mask) - _oracle(u, w, 7.0, mask.T)) > 1e-3  # and so is its direction
+    with pytest.raises(ValueError):
+        clip_loss(u, w, scale, torch.eye(6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("mode", ["mask_own", "mask_text"])
+def test_own_negatives_masks_exactly_the_own_caption_logits(mode):
+    """Planted: the 4 poisons (cat images, dog captions) are re-assigned to a clean cat caption; that caption is
+    the own caption of a clean cat image, which would be a negative 4 more times. ``mask_own`` removes exactly
+    those logits; ``mask_text`` also removes captions with the same raw text as the own caption (the poisons'
+    dog captions copy clean dog captions word for word)."""
+    tr = _planted(own_negatives=mode)
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 0, 0, "otc_match")
+    got = out.assignment.index  # pool indices < 16: batch rows = training pairs
+    assert torch.equal(got[~POISON], torch.arange(12)) and (image_class(tr.data)[got[POISON]] == 0).all()
+    caps = tr.data.captions
+    key = (lambda a, b: a == b) if mode == "mask_own" else (lambda a, b: caps[a] == caps[b])
+    mask = torch.tensor([[i != j and key(i, int(got[j])) for j in range(16)] for i in range(16)])
+    assert mask.any()
+    if mode == "mask_text":  # a duplicate-text caption is masked only by mask_text
+        own_only = torch.tensor([[i != j and i == int(got[j]) for j in range(16)] for i in range(16)])
+        assert (mask & ~own_only).any()
+    u, w = _features(tr)
+    expected = _oracle(u, w, scale, mask)
+    assert abs(expected - _oracle(u, w, scale)) > 0.01  # masking is visible in the loss
+    assert float(out.loss) == pytest.approx(expected, abs=1e-5)
+
+
+def test_own_negatives_recognises_bank_copies_of_the_own_caption():
+    """Epoch 0 (not matching) fills the bank with the 16 captions; at epoch 1 the poisons may be re-assigned to a
+    bank copy of a clean cat caption, which must be masked for that clean image exactly like the batch copy."""
+    tr = _planted(own_negatives="mask_own", rematch_warmup=1, include_own=False, top_k=32)
+    tr.step(ALL, 0, 0, "otc")
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 1, 0, "otc_match")
+    got = out.assignment.index
+    pair = torch.where(got >= 16, got - 16, got)  # bank slot s holds training pair s (enqueued in order)
+    assert (got[POISON] >= 16).any() or (got >= 16).any(), "the planted pool should pick some bank copies"
+    mask = torch.tensor([[i != j and i == int(pair[j]) for j in range(16)] for i in range(16)])
+    u = F.one_hot(image_class(tr.data), DIM).float()
+    w = F.one_hot(tr.data.sig[pair], DIM).float()  # caption content of the assigned pair (oracle features)
+    assert float(out.loss) == pytest.approx(_oracle(u, w, scale, mask), abs=1e-5)
+    assert abs(_oracle(u, w, scale, mask) - _oracle(u, w, scale)) > 0.05
+
+
+def test_own_negatives_keep_is_the_plain_loss():
+    tr = _planted()
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 0, 0, "otc_match")
+    u, w = _features(tr)
+    assert float(out.loss) == pytest.approx(_oracle(u, w, scale), abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------- reassigned_weight
+@pytest.mark.parametrize("weight", [0.0, 0.25])
+def test_reassigned_weight_scales_only_the_reassigned_pairs(weight):
+    tr = _planted(reassigned_weight=weight)
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 0, 0, "otc_match")
+    u, w = _features(tr)
+    moved = out.assignment.index != torch.arange(16)
+    assert torch.equal(moved, POISON)  # planted: exactly the poisons are re-assigned
+    expected = _oracle(u, w, scale, weight=torch.where(moved, weight, 1.0))
+    assert abs(expected - _oracle(u, w, scale)) > 0.05
+    assert abs(expected - _oracle(u, w, scale, weight=torch.where(moved, 1.0, weight))) > 0.05
+    assert float(out.loss) == pytest.approx(expected, abs=1e-5)
+
+
+def test_weighted_ot_alignment_is_the_weighted_mean_of_the_distances():
+    g = torch.Generator().manual_seed(1)
+    x = F.normalize(torch.randn(5, 4, 6, generator=g), dim=-1)
+    y = F.normalize(torch.randn(5, 3, 6, generator=g), dim=-1)
+    x2 = F.normalize(torch.randn(2, 4, 6, generator=g), dim=-1)
+    cfg = OTConfig(loss_tol=None, n_iters=50)
+    w = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.25])
+    dist = torch.stack([ot_alignment(x[i : i + 1], y[i : i + 1], None, None, cfg) for i in range(5)])
+    assert float(ot_alignment(x, y, None, None, cfg, weight=w)) == pytest.approx(
+        float((dist * w).mean()), abs=1e-6
+    )
+    a, b = ot_alignments([(x, y, None, None), (x2, x2, None, None)], cfg, weights=[w, None])
+    assert float(a) == pytest.approx(float((dist * w).mean()), abs=1e-5)
+    assert float(b) == pytest.approx(float(ot_alignment(x2, x2, None, None, cfg)), abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------- match_schedule
+def test_epoch_start_matching_is_computed_once_and_held_for_the_epoch():
+    tr = _planted(match_schedule="epoch_start")
+    stats = tr.impl.start_epoch(tr, 0, "otc_match")
+    fixed = tr.impl._fixed["index"].clone()
+    assert torch.equal(fixed[~POISON], torch.arange(12))  # clean pairs keep their own caption
+    assert (image_class(tr.data)[fixed[POISON]] == 0).all() and not tr.poison[fixed].any()
+    assert stats["epoch_start_own_kept"] == pytest.approx(0.75)
+    # the model changes after the epoch start (every image now looks like a hat): the step must still train on
+    # the epoch-start assignment, not re-match with the current model
+    real = tr.model.encode_image
+    tr.model.encode_image = lambda x: real(torch.full_like(x, (40 + 150) / 127.5 - 1))
+    scale = float(tr.model.scale().detach())
+    out = tr.step(ALL, 0, 0, "otc_match")
+    assert torch.equal(out.assignment.index, fixed)
+    hat = F.one_hot(torch.full((16,), 3), DIM).float()
+    w = F.one_hot(tr.data.sig[fixed], DIM).float()
+    assert float(out.loss) == pytest.approx(_oracle(hat, w, scale), abs=1e-5)
+    assert tr.impl.start_epoch(tr, 1, "otc") == {} and tr.impl._fixed is None
+
+
+# ---------------------------------------------------------------------------------- feature_layer
+def _tiny(feature_layer: int) -> TinyCLIP:
+    cfg = ModelConfig(width=32, layers=3, heads=2, text_width=32, text_layers=3, text_heads=2, embed_dim=16)
+    torch.manual_seed(0)
+    return TinyCLIP(ModelConfig(**{**cfg.__dict__, "feature_layer": feature_layer}), vocab_size=30)
+
+
+def test_feature_layer_default_is_the_last_block_and_an_earlier_block_matches_a_manual_forward():
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(3, 1, 56, 56, generator=g) * 2 - 1
+    ids = torch.randint(1, 30, (3, 7), generator=g)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    base, last, early = _tiny(-1), _tiny(2), _tiny(-2)
+    assert ModelConfig().feature_layer == -1
+    i0, t0 = base.encode_image(images), base.encode_text(ids, mask)
+    for m in (last, early):
+        assert torch.equal(m.encode_image(images).global_, i0.global_)
+        assert torch.equal(m.encode_text(ids, mask).global_, t0.global_)
+    assert torch.equal(last.encode_image(images).patches, i0.patches)
+    assert torch.equal(last.encode_text(ids, mask).tokens, t0.tokens)
+    # manual forward through blocks 0 and 1 (of 3), then the same final LayerNorm and projection
+    with torch.no_grad():
+        x = base.patch_embed(images).flatten(2).transpose(1, 2)
+        x = torch.cat([base.cls.expand(3, -1, -1), x], dim=1) + base.image_pos
+        for blk in base.image_blocks.layers[:2]:
+            x = blk(x)
+        patches = F.normalize(base.image_proj(base.image_ln(x[:, 1:])), dim=-1)
+        h = base.token_embed(ids) + base.text_pos[:, :7]
+        for blk in base.text_blocks.layers[:2]:
+            h = blk(h, src_key_padding_mask=~mask)
+        tokens = F.normalize(base.text_proj(base.text_ln(h)), dim=-1) * mask[..., None]
+        e_img, e_txt = early.encode_image(images), early.encode_text(ids, mask)
+    assert torch.allclose(e_img.patches, patches, atol=1e-6)
+    assert torch.allclose(e_txt.tokens, tokens, atol=1e-6)
+    assert (e_img.patches - i0.patches).abs().max() > 1e-2
+    assert (e_txt.tokens - t0.tokens).abs().max() > 1e-2
+    assert torch.equal(e_txt.tokens[0, 5:], torch.zeros(2, 16))  # padding stays zero
+    with pytest.raises(ValueError):
+        _tiny(3).encode_image(images)
+
+
+def test_feature_layer_is_checked_for_other_architectures():
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip.model import build_model
+
+    with pytest.raises(ConfigError):
+        build_model(ModelConfig(arch="hf_clip", feature_layer=-2), vocab_size=30)
+    assert math.isfinite(float(build_model(ModelConfig(feature_layer=-2), 30).scale().detach()))
