@@ -210,7 +210,8 @@ def ot_alignments(
             )
         if diagnostics is not None:
             diagnostics.append(res)
-        return [part.mean() for part in costs]
+        weights = weights or [None] * len(costs)
+        return [part.mean() if w is None else (part * w).mean() for part, w in zip(costs, weights)]
     n = max(x.shape[1] for x, _, _, _ in pairs)
     m = max(y.shape[1] for _, y, _, _ in pairs)
     xs, ys, xms, yms = [], [], [], []
