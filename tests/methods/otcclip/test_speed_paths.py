@@ -148,17 +148,19 @@ def test_pool_text_features_in_eval_mode_equal_the_training_mode_forward(items, 
 
 @pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
 def test_second_round_switches_leave_the_epoch_unchanged(items, monkeypatch, epoch):
-    """NumPy Sinkhorn blocks and the eval-mode pool encode on vs off (the defaults: loss OT to its tolerance,
-    re-matching to match_tol): same losses, assignments and weights up to float rounding."""
+    """The second speed round's switches (NumPy Sinkhorn blocks, eval-mode pool encode, one-node OT-loss
+    backward) on vs off, with the defaults (loss OT to its tolerance, re-matching to match_tol): same losses,
+    assignments and weights up to float rounding."""
     import importlib
 
-    from reprlab.methods.otcclip import matching
+    from reprlab.methods.otcclip import losses, matching
 
     sk = importlib.import_module("reprlab.ot.sinkhorn")  # the module (reprlab.ot.sinkhorn is also a function)
     results = {}
     for on in (True, False):
         monkeypatch.setattr(sk, "NUMPY_SMALL", on)
         monkeypatch.setattr(matching, "POOL_EVAL_FORWARD", on)
+        monkeypatch.setattr(losses, "GROUPED_COSINE_GRAD", on)
         tr = _trainer(items, "otcclip", epochs=2, sgd=True)
         if epoch == 1:
             tr.run_epoch(0)
