@@ -29,9 +29,11 @@ shortest side bicubic + centre crop, as open_clip's ``resize_mode='shortest'``).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -69,6 +71,7 @@ def _register_json(path: Path) -> tuple[str, dict]:
     if key not in _REGISTERED:
         # open_clip registers configs from files named <model name>.json: a private copy without preprocess_cfg
         folder = Path(tempfile.mkdtemp(prefix="reprlab-openclip-"))
+        atexit.register(shutil.rmtree, folder, True)
         name = f"reprlab-{len(_REGISTERED)}-{path.stem}"
         (folder / f"{name}.json").write_text(json.dumps(model_cfg))
         open_clip.add_model_config(folder / f"{name}.json")
