@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # pip's find-links config here prints a warning per package it looks up; keep errors, drop that noise
 QUIETPIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-slow bench lint fmt clean
+.PHONY: install demo test test-slow test-openclip openclip-env bench lint fmt clean
 
 install: $(STAMP) $(FMNIST)
 
@@ -48,6 +48,15 @@ test: install
 test-slow: install
 	$(OFFLINE) REPRLAB_QUIET=1 $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
+# open-clip-torch needs torchvision, which does not import beside the pinned torch 2.13.0 CPU wheel, so the
+# open_clip path is tested in a side venv (torch 2.14.1 + torchvision 0.29.1, about 6 GB); not part of `make test`
+OPENCLIP_VENV ?= .venv-openclip
+openclip-env:
+	scripts/openclip_env.sh $(OPENCLIP_VENV)
+
+test-openclip: openclip-env
+	$(OFFLINE) REPRLAB_QUIET=1 $(OPENCLIP_VENV)/bin/python -m pytest -q tests/methods/otcclip/test_openclip.py $(PYTEST_ARGS)
+
 bench: install
 	@for b in benchmarks/bench_*.py; do echo "==> $$b"; $(OFFLINE) $(PY) $$b || exit 1; done
 
@@ -60,4 +69,4 @@ fmt: install
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OPENCLIP_VENV) .pytest_cache .ruff_cache
