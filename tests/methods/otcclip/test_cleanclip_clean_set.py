@@ -198,3 +198,14 @@ def test_recipe_cleanclip_with_a_clean_set_resumes_across_the_phase_switch(tmp_p
     resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
     for k, v in summary.items():
         assert resumed[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_cleanclip_lr_scale_scales_the_fine_tuning_epochs_only():
+    lrs = {}
+    for scale in (1.0, 10.0):
+        tr = _planted("cleanclip", clean_planted(), cleanclip_start_epoch=1, cleanclip_lr_scale=scale)
+        for epoch in (0, 1):
+            tr.step(torch.arange(16), epoch, 0, tr.phase(epoch))
+            lrs[scale, epoch] = tr.opt.param_groups[0]["lr"]
+    assert lrs[10.0, 0] == lrs[1.0, 0]
+    assert lrs[10.0, 1] == pytest.approx(10 * lrs[1.0, 1])

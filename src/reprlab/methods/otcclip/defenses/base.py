@@ -167,6 +167,14 @@ class DefenseConfig:
         default=1.0,
         metadata={"help": "CleanCLIP weight of the cross-modal CLIP loss (its clip_weight option)"},
     )
+    cleanclip_lr_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "[ours] learning-rate multiplier of CleanCLIP's fine-tuning epochs (they continue the "
+            "pre-training schedule; CleanCLIP itself fine-tunes with a fresh one)",
+            "gt": 0,
+        },
+    )
 
 
 @dataclass

@@ -36,6 +36,9 @@ class CleanCLIP(Defense):
     def phase(self, epoch: int) -> str:
         return "cleanclip" if epoch >= self.cfg.cleanclip_start_epoch else "clip"
 
+    def lr_scale(self, phase: str) -> float:
+        return self.cfg.cleanclip_lr_scale if phase == "cleanclip" else 1.0
+
     def step(self, tr, b: Batch) -> StepOutput:
         if b.phase != "cleanclip":
             return clip_step(tr, b)
