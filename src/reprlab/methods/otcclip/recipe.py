@@ -181,16 +181,20 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     if not 1 <= cfg.n_eval <= 5000:
         raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
     sigs = SignatureIndex()
-    pairs = make_mosaics(
-        cfg.n_pairs,
-        seed,
-        cfg.min_items,
-        cfg.max_items,
-        cfg.tint,
-        source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
-        signatures=sigs,
-        class_names=names,
-    )
+
+    def mosaics(n: int, mosaic_seed: int) -> PairSet:
+        return make_mosaics(
+            n,
+            mosaic_seed,
+            cfg.min_items,
+            cfg.max_items,
+            cfg.tint,
+            source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
+            signatures=sigs,
+            class_names=names,
+        )
+
+    pairs = mosaics(cfg.n_pairs, seed)
     pairs, targets = add_targeted(
         pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets, cfg.captions_per_target, seed + 1, cfg.tint
     )
@@ -215,16 +219,7 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     if cfg.clean_finetune_pairs > 0:
         # [ours] new scenes (seed + 5) from the same item pool as the training mosaics: a clean sample of the
         # training distribution, never poisoned (poisons are built above, on the training pairs only)
-        clean = make_mosaics(
-            cfg.clean_finetune_pairs,
-            seed + 5,
-            cfg.min_items,
-            cfg.max_items,
-            cfg.tint,
-            source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
-            signatures=sigs,
-            class_names=names,
-        )
+        clean = mosaics(cfg.clean_finetune_pairs, seed + 5)
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
     return Testbed(
