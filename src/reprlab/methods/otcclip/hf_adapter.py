@@ -155,11 +155,18 @@ class HFCLIPAdapter(nn.Module):
         return TextFeatures(F.normalize(global_, dim=-1), F.normalize(tokens, dim=-1) * w, mask)
 
 
+def _hf_special_ids(tokenizer) -> tuple[int, ...]:
+    """BOS/EOS (CLS/SEP) ids of a transformers tokenizer: the sequence markers, not unk or a distinct pad."""
+    ids = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "cls", "sep")}
+    return tuple(sorted(i for i in ids if isinstance(i, int)))
+
+
 class HFTokenizerAdapter:
     """A Hugging Face tokenizer behind the ``WordTokenizer`` interface (``encode``/``decode``)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.special_ids = _hf_special_ids(tokenizer)  # never dropped by word dropout (EOS pooling reads EOS)
 
     def __len__(self) -> int:
         return len(self.tokenizer)
