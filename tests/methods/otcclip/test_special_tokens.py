@@ -155,3 +155,23 @@ def test_trainer_batches_keep_the_tokenizers_sot_and_eot(items):
         n = mask.sum(1)
         assert (ids[:, 0] == 98).all() and (ids[torch.arange(len(ids)), n - 1] == 99).all()
         assert torch.equal(ids.argmax(-1), n - 1)
+
+
+def test_hf_clip_from_scratch_with_a_clip_tokenizer_pools_at_its_eos_also_after_dropout(tmp_path):
+    """``model.arch=hf_clip model.tokenizer=<folder>``: the text feature is the EOS token's (HF pools at the first
+    id equal to the config's eos_token_id, which must be the tokenizer's), before and after word dropout."""
+    from reprlab.methods.otcclip.model import ModelConfig, build_model
+
+    tok = _hf_clip_tokenizer(tmp_path)
+    cfg = ModelConfig(arch="hf_clip", tokenizer=str(tmp_path / "tok"), width=16, text_width=16, layers=1,
+                      text_layers=1, heads=2, text_heads=2, embed_dim=8, image_size=14, patch_size=7, max_len=24)  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg, len(tok)).eval()
+    ids, mask = tok.encode(CAPTIONS[:5], cfg.max_len)
+    dropped = drop_words(ids, mask, torch.Generator().manual_seed(0), 0.9, tok.special_ids)
+    for i, m in ((ids, mask), dropped):
+        with torch.no_grad():
+            got = model.encode_text(i, m).global_
+            h = model.clip.text_model(input_ids=i, attention_mask=m.long()).last_hidden_state
+            want = model.clip.text_projection(h[torch.arange(len(i)), m.sum(1) - 1])
+        assert torch.allclose(got, torch.nn.functional.normalize(want, dim=-1), atol=1e-5)

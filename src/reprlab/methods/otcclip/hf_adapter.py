@@ -103,8 +103,13 @@ class HFCLIPAdapter(nn.Module):
         """A randomly initialised CLIP of ``config`` for training from scratch with our ``ModelConfig`` ``cfg``:
         the processor's mean/std (``cfg.tokenizer``'s folder or CLIP's defaults), EOS pooling with a HF tokenizer,
         mean pooling with our word tokenizer."""
-        from transformers import CLIPModel
+        from transformers import AutoTokenizer, CLIPModel
 
+        if cfg.tokenizer:
+            # HF pools at the first id == eos_token_id: the tokenizer's EOS, not clip_config's 1 (the word tokenizer)
+            tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            config.text_config.eos_token_id = tok.eos_token_id
+            config.text_config.bos_token_id = tok.bos_token_id
         return cls(
             CLIPModel(config),
             cfg.max_len,
