@@ -264,3 +264,59 @@ def test_the_openclip_recipe_runs_end_to_end_on_a_miniature(tmp_path):
     assert summary["otcclip.rematch_poison_moved"] >= 0.0 and summary["n_pairs"] == 168
     data = json.loads((run.dir / "analysis" / "data.json").read_text())
     assert data["vocab"] == 49408  # open_clip's BPE tokenizer, not a word vocabulary built from the captions
+
+
+def test_word_dropout_keeps_open_clips_sot_and_eot_where_its_pooling_reads():
+    """open_clip's text tower pools at argmax(ids) = EOT: dropout at p = 0.9 keeps SOT first and EOT right after
+    the last kept word, so the pooled feature is the EOT's (oracle: open_clip's encode_text on the kept ids)."""
+    from reprlab.methods.otcclip.trainer import drop_words
+    from tests.methods.otcclip.test_special_tokens import CAPTIONS as CAPS
+    from tests.methods.otcclip.test_special_tokens import _check_kept_in_place
+
+    tok = OpenCLIPTokenizer.for_config(TINY)
+    sot, eot = tok.tokenizer.sot_token_id, tok.tokenizer.eot_token_id
+    assert {sot, eot} <= set(tok.special_ids) and 0 not in tok.special_ids
+    model = _tiny()
+    ids, mask = tok.encode(CAPS, model.cfg.max_len)
+    new, new_mask = drop_words(ids, mask, torch.Generator().manual_seed(0), 0.9, tok.special_ids)
+    _check_kept_in_place(ids, mask, new, new_mask, sot, eot)
+    with torch.no_grad():
+        got = model.encode_text(new, new_mask)
+        h = []
+        handle = model._ln_final.register_forward_hook(lambda _m, _a, out: h.append(out))
+        model.clip.encode_text(new)
+        handle.remove()
+    eot_feat = F.normalize(h[0][torch.arange(len(new)), new_mask.sum(1) - 1] @ model._text_proj, dim=-1)
+    assert torch.allclose(got.global_, eot_feat, atol=1e-5)
+
+
+def test_audit_of_an_open_clip_run_rebuilds_its_open_clip_model(tmp_path):
+    """``reprlab otcclip audit --run`` and the recipe's testbed audit on an ``open_clip:<name>`` run: its
+    OpenCLIPAdapter and open_clip tokenizer with the checkpoint's weights (the streamed run saves no
+    tokenizer.json), not a TinyCLIP."""
+    import yaml
+
+    from reprlab.config import load_config
+    from reprlab.methods.otcclip import recipe
+    from reprlab.methods.otcclip.audit import audit_pairs, load_run_model
+    from reprlab.runs import Run
+
+    path = Path(recipe.__file__).parent / "recipes" / "otcclip-openclip-tiny.yaml"
+    mini = ["data.n_pairs=160", "data.captions_per_target=4", "data.n_targets=2", "data.backdoor_pairs=8",
+            "data.n_eval=60", "data.n_probe_train=60", "defense.ot.n_iters=10", "audit_defense=otcclip"]  # fmt: skip
+    cfg = load_config(recipe.Config, yaml.safe_load(path.read_text())["config"], mini)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-openclip-tiny", quiet=True)
+    bed = recipe.build_testbed(cfg.data, cfg.seed)
+    torch.manual_seed(5)
+    trained = build_model(cfg.model, 0, bed.pairs.images.shape[1])
+    run.save_checkpoint(0, {"model": trained}, tag="otcclip")
+    model, tok, got_cfg = load_run_model(run.dir, "otcclip")
+    assert isinstance(model, OpenCLIPAdapter) and isinstance(tok, OpenCLIPTokenizer)
+    want = trained.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    sub = bed.pairs
+    a = audit_pairs(model, tok, sub, top_k=4)
+    b = audit_pairs(trained, OpenCLIPTokenizer.for_config(cfg.model), sub, top_k=4)
+    assert (a.score == b.score).all()
+    res = recipe.audit_testbed(cfg, run, bed, tok)
+    assert res["model"] == "otcclip" and res["n_flagged"] >= 0

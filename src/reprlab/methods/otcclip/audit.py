@@ -79,7 +79,7 @@ def audit_pairs(
     """Score every pair of ``pairs`` (see module docstring).
 
     Args:
-        model: TinyCLIP or :class:`HFCLIPAdapter`.
+        model: TinyCLIP, :class:`HFCLIPAdapter` or :class:`OpenCLIPAdapter`.
         tokenizer: with ``encode(texts, max_len)`` / ``decode``.
         pairs: images ``uint8 (N, C, H, W)`` and captions.
         top_k, alpha, ot: re-matching settings (as in training).
@@ -216,26 +216,57 @@ def write_outputs(
 
 
 def load_run_model(run_dir: Path, defense: str = "otcclip"):
-    """Rebuild a TinyCLIP trained by an ``otcclip-*`` run from its config, tokenizer and checkpoint."""
+    """Rebuild the model an ``otcclip-*`` run trained (the arch its resolved config names: ``tiny``, ``hf_clip``
+    or ``open_clip:<name>``, through ``build_model``), its tokenizer (:func:`run_tokenizer`) and checkpoint.
+
+    Raises:
+        ModelNotAvailableError: ``open_clip:<name>`` where open-clip-torch does not import.
+    """
     from reprlab.config import load_config
-    from reprlab.methods.otcclip.model import TinyCLIP
+    from reprlab.methods.otcclip.model import build_model
     from reprlab.methods.otcclip.recipe import Config
-    from reprlab.methods.otcclip.tokenizer import WordTokenizer
     from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
 
     run_dir = Path(run_dir)
-    cfg_path, tok_path = run_dir / "config.yaml", run_dir / "artifacts" / "tokenizer.json"
-    for p in (cfg_path, tok_path):
-        if not p.exists():
-            raise FileNotFoundError(f"{p} not found: is {run_dir} an otcclip run folder?")
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path} not found: is {run_dir} an otcclip run folder?")
     cfg = load_config(Config, yaml.safe_load(cfg_path.read_text()))
-    tok = WordTokenizer.load(tok_path)
     ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
-    model = TinyCLIP(cfg.model, len(tok), 3 if cfg.data.tint else 1)
+    channels = 3 if cfg.data.tint else 1
+    if cfg.model.arch.startswith("open_clip:"):
+        # first: without open_clip, the clean ModelNotAvailableError
+        model = build_model(cfg.model, 0, channels)
+        tok = run_tokenizer(cfg, run_dir)
+    else:
+        tok = run_tokenizer(cfg, run_dir)
+        model = build_model(cfg.model, len(tok), channels)
     load_checkpoint_dir(ckpts[-1], {"model": model}, None, restore_rng=False)  # bank/state are not needed
     return model, tok, cfg
+
+
+def run_tokenizer(cfg, run_dir: Path):
+    """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
+    saved (``artifacts/tokenizer.json``, a vocabulary list); else (a streamed ``hf_clip`` run, which saves none)
+    the Hugging Face tokenizer of ``model.tokenizer``."""
+    from reprlab.methods.otcclip.tokenizer import WordTokenizer
+
+    tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
+    if cfg.model.arch.startswith("open_clip:"):
+        from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
+
+        return OpenCLIPTokenizer.for_config(cfg.model)
+    if tok_path.exists():
+        return WordTokenizer.load(tok_path)
+    if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
+        from transformers import AutoTokenizer
+
+        from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
+
+        return HFTokenizerAdapter(AutoTokenizer.from_pretrained(cfg.model.tokenizer))
+    raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")
 
 
 def load_hf_model(model_id: str, max_len: int = 77):
@@ -289,7 +320,8 @@ def main(
         )
     if run_dir is not None:
         model, tok, cfg = load_run_model(run_dir, defense)
-        size, channels, ot = cfg.model.image_size, 3 if cfg.data.tint else 1, cfg.defense.ot
+        size = getattr(model, "image_size", cfg.model.image_size)  # open_clip: its preprocess_cfg size
+        channels, ot = 3 if cfg.data.tint else 1, cfg.defense.ot
     else:
         model, tok = load_hf_model(hf_model)
         size, channels, ot = model.image_size, 3, OTConfig()

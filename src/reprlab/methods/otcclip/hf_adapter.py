@@ -103,8 +103,13 @@ class HFCLIPAdapter(nn.Module):
         """A randomly initialised CLIP of ``config`` for training from scratch with our ``ModelConfig`` ``cfg``:
         the processor's mean/std (``cfg.tokenizer``'s folder or CLIP's defaults), EOS pooling with a HF tokenizer,
         mean pooling with our word tokenizer."""
-        from transformers import CLIPModel
+        from transformers import AutoTokenizer, CLIPModel
 
+        if cfg.tokenizer:
+            # HF pools at the first id == eos_token_id: the tokenizer's EOS, not clip_config's 1 (the word tokenizer)
+            tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            config.text_config.eos_token_id = tok.eos_token_id
+            config.text_config.bos_token_id = tok.bos_token_id
         return cls(
             CLIPModel(config),
             cfg.max_len,
@@ -155,11 +160,18 @@ class HFCLIPAdapter(nn.Module):
         return TextFeatures(F.normalize(global_, dim=-1), F.normalize(tokens, dim=-1) * w, mask)
 
 
+def _hf_special_ids(tokenizer) -> tuple[int, ...]:
+    """BOS/EOS (CLS/SEP) ids of a transformers tokenizer: the sequence markers, not unk or a distinct pad."""
+    ids = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "cls", "sep")}
+    return tuple(sorted(i for i in ids if isinstance(i, int)))
+
+
 class HFTokenizerAdapter:
     """A Hugging Face tokenizer behind the ``WordTokenizer`` interface (``encode``/``decode``)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.special_ids = _hf_special_ids(tokenizer)  # never dropped by word dropout (EOS pooling reads EOS)
 
     def __len__(self) -> int:
         return len(self.tokenizer)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reprlab.errors import ConfigError
-from reprlab.methods.otcclip.hf_adapter import AdapterSizes
+from reprlab.methods.otcclip.hf_adapter import AdapterSizes, _hf_special_ids
 from reprlab.methods.otcclip.model import LOGIT_SCALE_MAX, ImageFeatures, TextFeatures
 
 TINY_CONFIG = Path(__file__).parent / "data" / "reprlab-tiny-vit.json"
@@ -297,6 +297,14 @@ class OpenCLIPTokenizer:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        # ids word dropout never drops: SOT/EOT (open_clip's text tower pools at argmax(ids) = EOT)
+        ids = {getattr(tokenizer, k, None) for k in ("sot_token_id", "eot_token_id")}
+        ids |= set(getattr(tokenizer, "all_special_ids", ()) or ())
+        # open_clip's HFTokenizer wraps a transformers tokenizer
+        inner = getattr(tokenizer, "tokenizer", None)
+        if inner is not None:
+            ids |= set(_hf_special_ids(inner))
+        self.special_ids = tuple(sorted(i for i in ids if isinstance(i, int) and i != 0))
 
     @classmethod
     def for_arch(cls, name: str) -> OpenCLIPTokenizer:

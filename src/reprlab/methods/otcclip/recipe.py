@@ -25,7 +25,7 @@ import torch
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP, build_model
+from reprlab.methods.otcclip.model import ModelConfig, build_model
 from reprlab.methods.otcclip.mosaic import (
     BACKDOOR,
     TARGETED,
@@ -507,7 +507,7 @@ def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> di
     ``cfg.audit_defense`` (the user's situation: a CLIP trained on the data being audited)."""
     from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
 
-    model = TinyCLIP(cfg.model, len(tok), bed.pairs.images.shape[1]).to(run.device)
+    model = build_model(cfg.model, len(tok), bed.pairs.images.shape[1]).to(run.device)
     if run.load_checkpoint({"model": model}, tag=cfg.audit_defense, restore_rng=False) is None:
         raise FileNotFoundError(f"no checkpoint of defense {cfg.audit_defense!r} in {run.dir}")
     d = cfg.defense

@@ -33,6 +33,8 @@ class WordTokenizer:
         vocab: token list; index 0 must be ``<pad>`` and index 1 ``<unk>``.
     """
 
+    special_ids: tuple[int, ...] = ()  # no SOT/EOT: word dropout may drop any token
+
     def __init__(self, vocab: Sequence[str]):
         if len(vocab) < 2 or vocab[0] != PAD or vocab[1] != UNK:
             raise ValueError("vocab must start with '<pad>', '<unk>'")

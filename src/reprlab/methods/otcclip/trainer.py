@@ -109,11 +109,24 @@ def augment_images(
 
 
 def drop_words(
-    ids: torch.Tensor, mask: torch.Tensor, g: torch.Generator, p: float
+    ids: torch.Tensor, mask: torch.Tensor, g: torch.Generator, p: float, keep_ids=()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Delete each word with probability p (at least one kept), re-packing left. ``(B, pos)`` each."""
+    """Delete each word with probability p (at least one kept), re-packing left. ``(B, pos)`` each.
+
+    ``keep_ids``: the tokenizer's special ids (``special_ids``: open_clip's SOT/EOT, a HF CLIP tokenizer's
+    BOS/EOS), never dropped; the stable re-packing keeps them in place (SOT first, EOT right after the last kept
+    word), so EOT/EOS pooling still reads the EOT. Empty (our word tokenizer): the original rule, bit for bit.
+    """
     keep = mask & (torch.rand(ids.shape, generator=g) >= p)
-    keep[:, 0] |= ~keep.any(1)
+    if len(keep_ids):
+        special = mask & torch.isin(ids, torch.as_tensor(list(keep_ids), dtype=ids.dtype))
+        word = mask & ~special
+        keep = (keep & word) | special
+        # at least one word kept: the first one, where every word of a row was dropped
+        rows = torch.nonzero(word.any(1) & ~(keep & word).any(1)).flatten()
+        keep[rows, word[rows].to(torch.int8).argmax(1)] = True
+    else:
+        keep[:, 0] |= ~keep.any(1)
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
     return torch.gather(ids * keep, 1, order), torch.gather(keep, 1, order)
 
@@ -294,9 +307,10 @@ class Trainer:
         sl = shard(len(idx), self.dist.rank, self.dist.world_size)
         images = self.data.images[idx]
         view1 = augment_images(images, g, tc.shift, tc.brightness, rows=sl, device=dev)
-        ids1, mask1 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout)
+        keep = getattr(self.tokenizer, "special_ids", ())  # SOT/EOT (BOS/EOS) are never dropped
+        ids1, mask1 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout, keep)
         view2 = augment_images(images, g, tc.shift, tc.brightness, rows=sl, device=dev)
-        ids2, mask2 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout)
+        ids2, mask2 = drop_words(self.ids[idx], self.mask[idx], g, tc.word_dropout, keep)
         # trim padding columns shared by the whole global batch (same on every rank)
         width = int(self.mask[idx].sum(1).max())
         ids1, mask1, ids2, mask2 = ids1[:, :width], mask1[:, :width], ids2[:, :width], mask2[:, :width]

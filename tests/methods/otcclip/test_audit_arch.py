@@ -1,0 +1,73 @@
+"""The audit rebuilds the model a run trained (``model.arch`` of its resolved config, through ``build_model``) and
+its tokenizer: a run with ``model.arch=hf_clip`` is audited with its HF CLIP, not a TinyCLIP; an arch that cannot
+be built here stays the clean ModelNotAvailableError."""
+
+import pytest
+import torch
+
+from reprlab.errors import ModelNotAvailableError
+from reprlab.methods.otcclip import recipe
+from reprlab.methods.otcclip.audit import audit_pairs, load_run_model
+from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter
+from reprlab.methods.otcclip.model import build_model
+from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.runs import Run
+from tests.methods.otcclip.test_recipe import _audit_cli_on_user_files, _cfg
+from tests.methods.otcclip.test_special_tokens import _hf_clip_tokenizer
+
+
+def _hf_run(tmp_path, tokenizer: str):
+    """A run folder as an ``hf_clip`` run leaves it (config.yaml, tokenizer, a checkpoint of defense ``none``),
+    with random weights: the word tokenizer (in-memory path) or a HF CLIP tokenizer folder (streamed path, which
+    saves no tokenizer.json)."""
+    extra = ["model.arch=hf_clip", "model.image_size=28", "model.patch_size=7", "audit_defense=none"]
+    if tokenizer == "hf":
+        hf = _hf_clip_tokenizer(tmp_path)
+        extra.append(f"model.tokenizer={tmp_path / 'tok'}")
+    cfg = _cfg(extra)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    bed = recipe.build_testbed(cfg.data, cfg.seed)
+    if tokenizer == "hf":
+        tok = hf
+    else:
+        tok = WordTokenizer.from_texts(bed.pairs.captions)
+        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        tok.save(run.dir / "artifacts" / "tokenizer.json")
+    torch.manual_seed(3)
+    model = build_model(cfg.model, len(tok), bed.pairs.images.shape[1])
+    run.save_checkpoint(0, {"model": model}, tag="none")
+    return cfg, run, bed, tok, model
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "hf"])
+def test_audit_of_an_hf_clip_run_uses_its_hf_clip(tmp_path, tokenizer):
+    cfg, run, bed, tok, trained = _hf_run(tmp_path, tokenizer)
+    model, got_tok, got_cfg = load_run_model(run.dir, "none")
+    assert isinstance(model, HFCLIPAdapter) and got_cfg.model.arch == "hf_clip"
+    assert isinstance(got_tok, HFTokenizerAdapter if tokenizer == "hf" else WordTokenizer)
+    assert model.text_pool == ("eos" if tokenizer == "hf" else "mean")
+    want = trained.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())  # the checkpoint's weights
+    a = audit_pairs(model, got_tok, bed.pairs, top_k=4)
+    b = audit_pairs(trained, tok, bed.pairs, top_k=4)
+    assert (a.score == b.score).all()
+    # the testbed audit of the recipe (audit_defense) rebuilds the same model
+    res = recipe.audit_testbed(cfg, run, bed, tok)
+    assert res["model"] == "none" and res["n_flagged"] >= 0
+    if tokenizer == "word":
+        _audit_cli_on_user_files(tmp_path, run.dir)  # ``reprlab otcclip audit --run`` end to end
+
+
+def test_audit_of_an_open_clip_run_without_open_clip_is_a_clean_error(tmp_path):
+    try:
+        import open_clip  # noqa: F401
+
+        pytest.skip("open_clip imports here: tests/methods/otcclip/test_openclip.py covers the audit")
+    except Exception:  # noqa: BLE001  (ImportError, or torchvision failing beside this torch)
+        pass
+    cfg = _cfg(["model.arch=open_clip:reprlab-tiny-vit"])
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    (run.dir / "checkpoints" / "otcclip" / "step_00000000").mkdir(parents=True)
+    (run.dir / "checkpoints" / "otcclip" / "step_00000000" / "meta.json").write_text("{}")
+    with pytest.raises(ModelNotAvailableError, match="open-clip-torch"):
+        load_run_model(run.dir, "otcclip")
