@@ -71,3 +71,31 @@ def test_audit_of_an_open_clip_run_without_open_clip_is_a_clean_error(tmp_path):
     (run.dir / "checkpoints" / "otcclip" / "step_00000000" / "meta.json").write_text("{}")
     with pytest.raises(ModelNotAvailableError, match="open-clip-torch"):
         load_run_model(run.dir, "otcclip")
+
+
+def test_in_memory_hf_clip_run_trains_with_its_tokenizer_folder(tmp_path, monkeypatch):
+    """``model.tokenizer`` reaches the in-memory path too (it used to train hf_clip with our word tokenizer while
+    the model pooled at an EOS id that tokenizer never emits); the audit then reads the same folder."""
+    hf = _hf_clip_tokenizer(tmp_path)
+    cfg = _cfg(
+        [
+            "model.arch=hf_clip",
+            "model.image_size=28",
+            "model.patch_size=7",
+            f"model.tokenizer={tmp_path / 'tok'}",
+            "defenses=[none]",
+            "audit_defense=",
+        ]
+    )
+    seen = {}
+
+    def fake_train(defense, cfg, run, bed, tok, dist):
+        seen["tok"] = tok
+        return {"metrics": {}, "examples": []}
+
+    monkeypatch.setattr(recipe, "train_defense", fake_train)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    recipe.run(cfg, run)
+    assert isinstance(seen["tok"], HFTokenizerAdapter)
+    assert seen["tok"].encode(["a bag top left"], 8)[0].tolist() == hf.encode(["a bag top left"], 8)[0].tolist()
+    assert not (run.dir / "artifacts" / "tokenizer.json").exists()

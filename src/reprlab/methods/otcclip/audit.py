@@ -249,23 +249,18 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
 
 def run_tokenizer(cfg, run_dir: Path):
     """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
-    saved (``artifacts/tokenizer.json``, a vocabulary list); else (a streamed ``hf_clip`` run, which saves none)
-    the Hugging Face tokenizer of ``model.tokenizer``."""
+    saved (``artifacts/tokenizer.json``, a vocabulary list); else (an ``hf_clip`` run with ``model.tokenizer``,
+    which saves none) the Hugging Face tokenizer of that folder."""
+    from reprlab.methods.otcclip.model import build_tokenizer
     from reprlab.methods.otcclip.tokenizer import WordTokenizer
 
     tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
     if cfg.model.arch.startswith("open_clip:"):
-        from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
-
-        return OpenCLIPTokenizer.for_config(cfg.model)
+        return build_tokenizer(cfg.model)
     if tok_path.exists():
         return WordTokenizer.load(tok_path)
     if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
-        from transformers import AutoTokenizer
-
-        from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
-
-        return HFTokenizerAdapter(AutoTokenizer.from_pretrained(cfg.model.tokenizer))
+        return build_tokenizer(cfg.model)
     raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")
 
 

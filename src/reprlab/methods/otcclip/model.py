@@ -191,6 +191,23 @@ def build_model(cfg: ModelConfig, vocab_size: int, in_channels: int = 1) -> nn.M
     raise ConfigError(f"model.arch {cfg.arch!r} is not one of {list(ARCHS)}")
 
 
+def build_tokenizer(cfg: ModelConfig):
+    """The tokenizer the arch itself brings: open_clip's BPE for ``open_clip:<name>``, the Hugging Face tokenizer
+    of ``model.tokenizer`` (a local folder) for ``hf_clip``; ``None`` where the caller builds our word tokenizer
+    from its captions."""
+    if cfg.arch.startswith("open_clip:"):
+        from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
+
+        return OpenCLIPTokenizer.for_config(cfg)
+    if cfg.arch == "hf_clip" and cfg.tokenizer:
+        from transformers import AutoTokenizer
+
+        from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
+
+        return HFTokenizerAdapter(AutoTokenizer.from_pretrained(cfg.tokenizer))
+    return None
+
+
 def _open_clip(name: str, pretrained: str = "") -> nn.Module:
     """An open_clip architecture behind the TinyCLIP interface [issue 11 item 5] (``openclip_adapter``), imported
     only when asked for."""

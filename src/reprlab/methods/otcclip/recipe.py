@@ -25,7 +25,7 @@ import torch
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ModelConfig, build_model
+from reprlab.methods.otcclip.model import ModelConfig, build_model, build_tokenizer
 from reprlab.methods.otcclip.mosaic import (
     BACKDOOR,
     TARGETED,
@@ -36,7 +36,6 @@ from reprlab.methods.otcclip.mosaic import (
     make_mosaics,
     make_single_items,
 )
-from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
 from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted, add_wanet_noise
 from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.stream import StreamConfig
@@ -347,8 +346,8 @@ def run(cfg: Config, run: Run) -> dict:
     # a plain launch is one rank (the trainer is then unchanged); under torchrun the ranks split each batch
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     bed = build_testbed(cfg.data, cfg.seed)
-    tok = OpenCLIPTokenizer.for_config(cfg.model) or WordTokenizer.from_texts(bed.pairs.captions)
-    if run.is_main:
+    tok = build_tokenizer(cfg.model) or WordTokenizer.from_texts(bed.pairs.captions)
+    if run.is_main and hasattr(tok, "save"):  # a Hugging Face tokenizer is its model.tokenizer folder
         (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
         tok.save(run.dir / "artifacts" / "tokenizer.json")
     data_info = {"n_pairs": len(bed.pairs), "vocab": len(tok), "testbed": cfg.data.testbed}
@@ -398,17 +397,10 @@ def run_stream(cfg: Config, run: Run) -> dict:
         source = ShardSource(shard_dir)
     else:
         source = open_source(sc.source, sc.image_root)
-    if cfg.model.arch.startswith("open_clip:"):
-        tok = OpenCLIPTokenizer.for_config(cfg.model)  # open_clip's own (BPE shipped in the package)
-    elif cfg.model.tokenizer:
-        from transformers import AutoTokenizer
-
-        from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
-
-        tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(cfg.model.tokenizer))
-    elif sc.write_shards:
+    tok = build_tokenizer(cfg.model)
+    if tok is None and sc.write_shards:
         tok = WordTokenizer.from_texts(bed.pairs.captions)  # the in-memory path's vocabulary
-    else:
+    elif tok is None:
         names = bed.pairs.class_names if bed else ()
         tok = WordTokenizer.from_texts(
             vocabulary_texts(source, sc.vocab_samples, names, prompts=bed is not None)
