@@ -71,6 +71,21 @@ def processor_stats(folder: str | None = None) -> tuple[tuple[float, ...], tuple
     return tuple(OPENAI_CLIP_MEAN), tuple(OPENAI_CLIP_STD)
 
 
+def clip_pixels(
+    images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int, pixel_norm: bool
+) -> torch.Tensor:
+    """Trainer images ``(batch, 1 or 3, H, W)`` in [-1, 1] -> a CLIP vision tower's input ``(batch, 3, size, size)``:
+    greyscale repeated to 3 channels, the model's own mean/std (with ``pixel_norm``; else the images are taken as
+    already normalised), bilinear resize to its input size. Shared by the HF and open_clip adapters."""
+    if images.shape[1] == 1:
+        images = images.expand(-1, 3, -1, -1)
+    if pixel_norm:
+        images = ((images + 1) / 2 - mean) / std
+    if images.shape[-1] != size or images.shape[-2] != size:
+        images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return images
+
+
 class HFCLIPAdapter(nn.Module):
     """Wrap ``transformers.CLIPModel``.
 
@@ -125,17 +140,7 @@ class HFCLIPAdapter(nn.Module):
         return self.clip.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp()
 
     def _pixels(self, images: torch.Tensor) -> torch.Tensor:
-        """Greyscale -> 3 channels, the processor's normalisation (with ``pixel_norm``) and resize to the vision
-        tower's input size."""
-        if images.shape[1] == 1:
-            images = images.expand(-1, 3, -1, -1)
-        if self.pixel_norm:
-            images = ((images + 1) / 2 - self.pixel_mean) / self.pixel_std
-        if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
-            images = F.interpolate(
-                images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
-            )
-        return images
+        return clip_pixels(images, self.pixel_mean, self.pixel_std, self.image_size, self.pixel_norm)
 
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
         """Args: images ``float (batch, C, H, W)``: in [-1, 1] with ``pixel_norm``, else normalised for the model."""

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reprlab.errors import ConfigError
-from reprlab.methods.otcclip.hf_adapter import AdapterSizes, _hf_special_ids
+from reprlab.methods.otcclip.hf_adapter import AdapterSizes, _hf_special_ids, clip_pixels
 from reprlab.methods.otcclip.model import LOGIT_SCALE_MAX, ImageFeatures, TextFeatures
 
 TINY_CONFIG = Path(__file__).parent / "data" / "reprlab-tiny-vit.json"
@@ -201,16 +201,8 @@ class OpenCLIPAdapter(nn.Module):
         return self.clip.logit_scale.clamp(max=LOGIT_SCALE_MAX).exp().reshape(())
 
     def _pixels(self, images: torch.Tensor) -> torch.Tensor:
-        """Greyscale -> 3 channels, the model's mean/std (with ``pixel_norm``), resize to its input size."""
-        if images.shape[1] == 1:
-            images = images.expand(-1, 3, -1, -1)
-        if self.pixel_norm:
-            images = ((images + 1) / 2 - self.pixel_mean) / self.pixel_std
-        if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
-            images = F.interpolate(
-                images, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
-            )
-        return images
+        """Greyscale -> 3 channels, the model's preprocess_cfg mean/std (with ``pixel_norm``), its input size."""
+        return clip_pixels(images, self.pixel_mean, self.pixel_std, self.image_size, self.pixel_norm)
 
     # ------------------------------------------------------------------ image
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
