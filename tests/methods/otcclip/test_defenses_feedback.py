@@ -20,29 +20,18 @@ import torch.nn.functional as F
 
 from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, Trainer
+from reprlab.methods.otcclip.trainer import Trainer
 
-from .planted import DIM, TRAIN, PlantedCLIP, image_class, planted_pairs
+from .planted import DIM, image_class
+from .test_defenses import _planted as _planted_defense
 
 POISON = torch.arange(16) >= 12
 ALL = torch.arange(16)
 
 
 def _planted(**dcfg) -> Trainer:
-    pairs = planted_pairs()
-    tok = WordTokenizer.from_texts(pairs.captions)
-    base = dict(
-        bank_size=64,
-        top_k=4,
-        rematch_warmup=0,
-        rematch_every=1,
-        lambda_inter=0.0,
-        lambda_intra=0.0,
-        keep_margin=0.05,
-        ot=OTConfig(eps=0.05, n_iters=50),
-    )
-    return Trainer(PlantedCLIP(tok), pairs, tok, "otcclip", TRAIN, DefenseConfig(**{**base, **dcfg}), seed=0)
+    """OTCCLIP on test_defenses.py's planted problem, with an explicit keep margin."""
+    return _planted_defense("otcclip", **{"keep_margin": 0.05, **dcfg})
 
 
 def _oracle(u, w, scale, mask=None, weight=None) -> float:

@@ -8,9 +8,6 @@ imports there), so in the main venv and CI they SKIP; run them in the side venv 
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +32,7 @@ from reprlab.methods.otcclip.openclip_adapter import (  # noqa: E402
 )
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer  # noqa: E402
 from tests.methods.otcclip.test_trainer import DCFG, _data  # noqa: E402
+from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks  # noqa: E402
 
 HERE = Path(__file__).parent
 TINY = ModelConfig(arch="open_clip:reprlab-tiny-vit")
@@ -209,26 +207,7 @@ def test_two_torchrun_ranks_on_the_shard_path_train_the_open_clip_model_like_one
     2 DataLoader workers against torchrun with 2 gloo ranks x 1 worker."""
     pairs = _data(items, 32)
     sh.write_shards(pairs, tmp_path / "shards", shard_size=4)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
-    worker = str(HERE / "openclip_worker.py")
-    runs = {
-        "one": [sys.executable, worker, str(tmp_path / "shards"), str(tmp_path / "one.pt"), "2"],
-        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
-                str(tmp_path / "shards"), str(tmp_path / "two.pt"), "1"],
-    }  # fmt: skip
-    out = {}
-    for name, cmd in runs.items():
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parents[2])
-        assert res.returncode == 0, res.stderr[-3000:]
-        out[name] = torch.load(tmp_path / f"{name}.pt")
-    one, two = out["one"], out["two"]
-    assert two["world"] == 2 and one["world"] == 1
-    assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
-    for a, b in zip(one["stats"], two["stats"]):
-        assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
-        for k in ("data_steps", "n_poison_seen", "rematch_poison_moved", "rematch_clean_kept"):
-            assert a.get(k) == b.get(k), k
+    one, two = one_vs_two_ranks(HERE / "openclip_worker.py", tmp_path / "shards", tmp_path, timeout=900)
     moved, worst = 0.0, 0.0
     for name, w in one["state"].items():
         diff = float((two["state"][name] - w).abs().max())

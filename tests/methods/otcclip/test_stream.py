@@ -4,9 +4,6 @@ two torchrun ranks on the shard path train like one process; the GPU recipe's pr
 
 import io
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from reprlab.methods.otcclip.model import TinyCLIP
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
 from tests.methods.otcclip.test_trainer import CFG, DCFG, _data
+from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks
 
 HERE = Path(__file__).parent
 
@@ -210,30 +208,7 @@ def test_two_torchrun_ranks_on_the_shard_path_train_like_one_process(items, tmp_
     reading half of the shards."""
     pairs = _data(items, 32)
     sh.write_shards(pairs, tmp_path / "shards", shard_size=4)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
-    worker = str(HERE / "stream_worker.py")
-    runs = {
-        "one": [sys.executable, worker, str(tmp_path / "shards"), str(tmp_path / "one.pt"), "2"],
-        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
-                str(tmp_path / "shards"), str(tmp_path / "two.pt"), "1"],
-    }  # fmt: skip
-    out = {}
-    for name, cmd in runs.items():
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parents[2])
-        assert res.returncode == 0, res.stderr[-3000:]
-        out[name] = torch.load(tmp_path / f"{name}.pt")
-    one, two = out["one"], out["two"]
-    assert two["world"] == 2 and one["world"] == 1
-    assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
-    for a, b in zip(one["stats"], two["stats"]):
-        # the CLIP term is over the gathered global batch, the OT terms are rank-local means (averaged over ranks
-        # for the log): float32 sums in another order, measured <= 8e-7 relative
-        assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
-        # the logged total is averaged over ranks; its OT terms stop on a tolerance checked over the solver's batch
-        # (a rank's half batch may stop at another iteration than the full batch): measured 2e-5 relative
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
-        for k in ("data_steps", "n_poison_seen", "rematch_poison_moved", "rematch_clean_kept"):
-            assert a.get(k) == b.get(k), k
+    one, two = one_vs_two_ranks(HERE / "stream_worker.py", tmp_path / "shards", tmp_path)
     moved = 0.0
     for name, w in one["state"].items():
         # 8 SGD steps at lr 0.5 amplify float32 sums taken in another order (gathers, gradient all-reduce):
