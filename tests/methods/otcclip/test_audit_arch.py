@@ -97,5 +97,7 @@ def test_in_memory_hf_clip_run_trains_with_its_tokenizer_folder(tmp_path, monkey
     run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
     recipe.run(cfg, run)
     assert isinstance(seen["tok"], HFTokenizerAdapter)
-    assert seen["tok"].encode(["a bag top left"], 8)[0].tolist() == hf.encode(["a bag top left"], 8)[0].tolist()
+    assert (
+        seen["tok"].encode(["a bag top left"], 8)[0].tolist() == hf.encode(["a bag top left"], 8)[0].tolist()
+    )
     assert not (run.dir / "artifacts" / "tokenizer.json").exists()
