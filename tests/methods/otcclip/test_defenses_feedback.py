@@ -116,6 +116,23 @@ def test_own_negatives_recognises_bank_copies_of_the_own_caption():
     assert abs(_oracle(u, w, scale, mask) - _oracle(u, w, scale)) > 0.05
 
 
+def test_own_negatives_bank_record_survives_a_resume():
+    """The bank's record of which pair each slot came from is checkpointed with the bank: a trainer rebuilt from
+    the modules' state after epoch 0 masks the same bank copies, so its first matching step has the same (masked)
+    loss as the uninterrupted trainer's."""
+    kw = dict(own_negatives="mask_own", rematch_warmup=1, include_own=False, top_k=32)
+    straight = _planted(**kw)
+    straight.step(ALL, 0, 0, "otc")
+    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
+    assert "loc" in saved["bank"] and "loc" not in _planted().modules()["bank"].state_dict()
+    resumed = _planted(**kw)
+    for k, m in resumed.modules().items():
+        m.load_state_dict(saved[k])
+    a, b = straight.step(ALL, 1, 0, "otc_match"), resumed.step(ALL, 1, 0, "otc_match")
+    assert torch.equal(a.assignment.index, b.assignment.index) and (a.assignment.index >= 16).any()
+    assert float(b.loss) == float(a.loss)
+
+
 def test_own_negatives_keep_is_the_plain_loss():
     tr = _planted()
     scale = float(tr.model.scale().detach())

@@ -30,9 +30,15 @@ class CaptionBank(nn.Module):
         dim: joint embedding ``d``.
     """
 
-    def __init__(self, capacity: int, max_len: int, dim: int):
+    def __init__(self, capacity: int, max_len: int, dim: int, track_loc: bool = False):
         super().__init__()
         self.capacity = capacity
+        if (
+            track_loc
+        ):  # [ours] the training pair each slot's caption came from (-1 unknown), checkpointed with the
+            # bank so a resumed run recognises the same bank copies (OTCCLIP ``own_negatives``); off by default so
+            # other runs' checkpoints keep their keys
+            self.register_buffer("loc", torch.full((capacity,), -1, dtype=torch.long))
         self.register_buffer("ids", torch.zeros(capacity, max_len, dtype=torch.long))
         self.register_buffer("mask", torch.zeros(capacity, max_len, dtype=torch.bool))
         self.register_buffer("global_", torch.zeros(capacity, dim))

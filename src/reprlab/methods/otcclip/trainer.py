@@ -204,7 +204,12 @@ class Trainer:
         self.device = next(model.parameters()).device
         self.max_len = model.cfg.max_len
         self.tokenizer = tokenizer
-        self.bank = CaptionBank(defense_cfg.bank_size, self.max_len, model.cfg.embed_dim).to(self.device)
+        self.bank = CaptionBank(
+            defense_cfg.bank_size,
+            self.max_len,
+            model.cfg.embed_dim,
+            track_loc=getattr(defense_cfg, "own_negatives", "keep") != "keep",
+        ).to(self.device)
         shard(train.batch_size, self.dist.rank, self.dist.world_size)  # validates divisibility
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "cls" not in n]
         other = [

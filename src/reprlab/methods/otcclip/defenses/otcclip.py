@@ -46,17 +46,16 @@ class OTCCLIP(Defense):
 
     # ---------------------------------------------------------------- fourth-pass options [ours]
     def _enqueue(self, tr, b: Batch, txt: TextFeatures) -> None:
-        """``tr.enqueue`` the batch, and remember which training pair each bank slot's caption came from
-        (``_bank_loc``, -1 = unknown, e.g. after a resume), so ``own_negatives`` can recognise bank copies of an
-        image's own caption. The bank is a FIFO of the global batches (same on every rank)."""
+        """``tr.enqueue`` the batch, and (with ``own_negatives``) record in the bank's ``loc`` which training pair
+        each slot's caption came from, so bank copies of an image's own caption are recognised, also after a
+        resume (the bank is checkpointed). The bank is a FIFO of the global batches (same on every rank)."""
         bank = tr.bank
         start = int(bank.ptr)
         tr.enqueue(b.ids1, b.mask1, txt, b.loc)
-        loc = getattr(self, "_bank_loc", None)
-        if loc is None or len(loc) != bank.capacity:
-            loc = self._bank_loc = torch.full((bank.capacity,), -1, dtype=torch.long)
-        n = min(len(b.idx), bank.capacity)
-        loc[(start + torch.arange(n)) % bank.capacity] = b.idx[-n:].cpu()
+        loc = getattr(bank, "loc", None)
+        if loc is not None:
+            n = min(len(b.idx), bank.capacity)
+            loc[(start + torch.arange(n, device=loc.device)) % bank.capacity] = b.idx[-n:].to(loc.device)
 
     def _pair_key(self, tr, loc: torch.Tensor) -> torch.Tensor:
         """Caption key of training pairs ``loc`` (-1 stays -1): the pair itself (``mask_own``) or the id of its
@@ -180,7 +179,7 @@ class OTCCLIP(Defense):
         Sets ``self._assigned_loc`` (local,): the training pair each assigned caption came from (-1 unknown)."""
         c = self.cfg
         n_batch = len(b.idx)
-        bank_loc = getattr(self, "_bank_loc", None)
+        bank_loc = getattr(tr.bank, "loc", None)
         batch_txt = pool_text_features(tr.model, b.ids1, b.mask1)  # no gradient (eval-mode forward)
         pool = self.pool(tr, b, batch_txt)
         own = torch.arange(b.rows.start, b.rows.stop, device=tr.device) if c.include_own else None
