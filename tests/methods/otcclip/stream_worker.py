@@ -1,7 +1,9 @@
-"""Worker of ``test_stream.py``: OTCCLIP 2 epochs from shards, as one process or under ``torchrun`` (gloo);
-rank 0 saves the epoch stats, the initial and the final weights.
+"""Worker of the streamed trainer's DDP tests (``torchrun_compare.py``): OTCCLIP 2 epochs from shards, as one process
+or under ``torchrun`` (gloo); rank 0 saves the epoch stats, the initial and the final weights. ``ARCH`` ``tiny``
+(test_stream.py: TinyCLIP, our word tokenizer) or an ``open_clip:<name>`` (test_openclip.py, through
+OpenCLIPAdapter; only where open-clip-torch imports, the side venv of scripts/openclip_env.sh).
 
-Usage: ``stream_worker.py SHARDS OUT NUM_WORKERS``.
+Usage: ``stream_worker.py SHARDS OUT NUM_WORKERS [ARCH]``.
 """
 
 import sys
@@ -12,20 +14,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the tests package
 
 from reprlab.methods.otcclip import stream as st  # noqa: E402
-from reprlab.methods.otcclip.model import TinyCLIP  # noqa: E402
+from reprlab.methods.otcclip.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
 from reprlab.methods.otcclip.tokenizer import WordTokenizer  # noqa: E402
 from reprlab.methods.otcclip.trainer import TrainConfig  # noqa: E402
 from reprlab.train.dist import init_distributed  # noqa: E402
 from tests.methods.otcclip.test_trainer import CFG, DCFG  # noqa: E402
 
 
-def main(shards: str, out: str, workers: int) -> None:
+def main(shards: str, out: str, workers: int, arch: str = "tiny") -> None:
     torch.set_num_threads(1)
     info = init_distributed(device="cpu")
     src = st.ShardSource(shards)
-    tok = WordTokenizer.from_texts(src.captions(1000))
+    mcfg = CFG if arch == "tiny" else ModelConfig(arch=arch)  # open_clip: the sizes are its config's
+    tok = build_tokenizer(mcfg) or WordTokenizer.from_texts(src.captions(1000))
     torch.manual_seed(0)
-    model = TinyCLIP(CFG, len(tok))
+    model = build_model(mcfg, len(tok))
     init = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=2)
     tr = st.StreamTrainer(model, src, tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=2, lr=0.5), DCFG, 0,
@@ -41,4 +44,4 @@ def main(shards: str, out: str, workers: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])

@@ -207,7 +207,13 @@ def test_two_torchrun_ranks_on_the_shard_path_train_the_open_clip_model_like_one
     2 DataLoader workers against torchrun with 2 gloo ranks x 1 worker."""
     pairs = _data(items, 32)
     sh.write_shards(pairs, tmp_path / "shards", shard_size=4)
-    one, two = one_vs_two_ranks(HERE / "openclip_worker.py", tmp_path / "shards", tmp_path, timeout=900)
+    one, two = one_vs_two_ranks(
+        HERE / "stream_worker.py",
+        tmp_path / "shards",
+        tmp_path,
+        timeout=900,
+        extra=("open_clip:reprlab-tiny-vit",),
+    )
     moved, worst = 0.0, 0.0
     for name, w in one["state"].items():
         diff = float((two["state"][name] - w).abs().max())

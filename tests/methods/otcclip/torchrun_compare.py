@@ -15,15 +15,17 @@ import torch
 ROOT = Path(__file__).parents[3]
 
 
-def one_vs_two_ranks(worker: Path, shards: Path, out: Path, timeout: int = 600) -> tuple[dict, dict]:
+def one_vs_two_ranks(
+    worker: Path, shards: Path, out: Path, timeout: int = 600, extra: tuple[str, ...] = ()
+) -> tuple[dict, dict]:
     """Run ``worker`` as one process with 2 DataLoader workers and as 2 gloo ranks x 1 worker; check that both
     logged the same epochs (the CLIP term over the gathered batch to 1e-5 relative, the rank-averaged total to
-    1e-4, the data and re-matching counts exactly); return both saved results."""
+    1e-4, the data and re-matching counts exactly); return both saved results. ``extra``: more worker arguments."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     runs = {
-        "one": [sys.executable, str(worker), str(shards), str(out / "one.pt"), "2"],
+        "one": [sys.executable, str(worker), str(shards), str(out / "one.pt"), "2", *extra],
         "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                str(worker), str(shards), str(out / "two.pt"), "1"],
+                str(worker), str(shards), str(out / "two.pt"), "1", *extra],
     }  # fmt: skip
     res = {}
     for name, cmd in runs.items():
