@@ -242,3 +242,28 @@ def test_feature_layer_is_checked_for_other_architectures():
     with pytest.raises(ConfigError):
         build_model(ModelConfig(arch="hf_clip", feature_layer=-2), vocab_size=30)
     assert math.isfinite(float(build_model(ModelConfig(feature_layer=-2), 30).scale().detach()))
+
+
+def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combinations():
+    """``epoch_start`` and ``mask_text`` re-read every training pair: a streamed run stops at preflight, and a
+    StreamTrainer (which holds one window, and has ``data``/``ids`` too) is refused by the defense itself; an
+    ``epoch_start`` with a ``matched_text`` other than ``pool`` is refused when the defense is built."""
+    from types import SimpleNamespace
+
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip import recipe
+    from reprlab.methods.otcclip.defenses import DefenseConfig, make_defense
+    from reprlab.methods.otcclip.stream import StreamTrainer
+
+    from .test_recipe import _cfg
+
+    for opt in ("defense.match_schedule=epoch_start", "defense.own_negatives=mask_text"):
+        with pytest.raises(ConfigError, match="in-memory trainer only"):
+            recipe.preflight(_cfg(["stream.write_shards=true", "data.clean_finetune_pairs=0", opt]))
+        recipe.preflight(_cfg([opt]))  # in memory: fine
+    assert Trainer.in_memory and not StreamTrainer.in_memory
+    d = make_defense("otcclip", DefenseConfig(match_schedule="epoch_start"))
+    with pytest.raises(ConfigError, match="needs the in-memory trainer"):
+        d.start_epoch(SimpleNamespace(in_memory=False), 2, "otc_match")
+    with pytest.raises(ConfigError, match="matched_text=pool only"):
+        make_defense("otcclip", DefenseConfig(match_schedule="epoch_start", matched_text="kept_grad"))

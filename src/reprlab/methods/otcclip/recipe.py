@@ -318,6 +318,13 @@ def preflight(cfg: Config) -> None:
         raise ConfigError("give stream.source or stream.write_shards, not both")
     if cfg.data.clean_finetune_pairs and streaming(cfg):
         raise ConfigError("data.clean_finetune_pairs works on the in-memory testbed only, not with a stream")
+    d = cfg.defense
+    if streaming(cfg) and "otcclip" in cfg.defenses:
+        for key, value in (("match_schedule", "epoch_start"), ("own_negatives", "mask_text")):
+            if getattr(d, key) == value:
+                raise ConfigError(
+                    f"defense.{key}={value} works with the in-memory trainer only, not with a stream"
+                )
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(
             "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "

@@ -471,6 +471,8 @@ class StreamTrainer(Trainer):
         n_samples: samples per epoch for the schedule (``stream.n_samples`` or a count of the source).
     """
 
+    in_memory = False
+
     def __init__(self, model, source, tokenizer, defense, train, defense_cfg, seed: int,
                  stream: StreamConfig, n_samples: int, dist=None):  # fmt: skip
         self._setup(model, tokenizer, defense, train, defense_cfg, seed, dist)

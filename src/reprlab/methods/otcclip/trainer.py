@@ -142,6 +142,9 @@ class _State(nn.Module):
 class Trainer:
     """Trains one model under one defense.
 
+    ``in_memory``: the whole training set is ``data`` (options that re-read every pair, such as OTCCLIP's
+    ``match_schedule='epoch_start'``, need it); :class:`~.stream.StreamTrainer` holds one window at a time.
+
     Args:
         model: a TinyCLIP-like module (``encode_image``, ``encode_text``, ``scale``).
         data: training pairs (with provenance, used only for diagnostics, never by the defenses).
@@ -155,6 +158,8 @@ class Trainer:
             as pre-training (the set is cycled through fresh permutations, so the lr schedule is unchanged);
             ignored by defenses without such phases, and ``None`` (default) trains on ``data`` throughout.
     """
+
+    in_memory = True
 
     def __init__(
         self,
@@ -177,7 +182,7 @@ class Trainer:
             raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
         self.steps_per_epoch = len(data) // train.batch_size
         self._sources = {"train": (data, self.ids, self.mask, self.poison)}
-        if clean is not None and getattr(self.impl, "clean_phases", ()):
+        if clean is not None and self.impl.clean_phases:
             if train.batch_size > len(clean):
                 raise ValueError(
                     f"batch_size {train.batch_size} exceeds the {len(clean)} clean fine-tuning pairs"
@@ -208,7 +213,7 @@ class Trainer:
             defense_cfg.bank_size,
             self.max_len,
             model.cfg.embed_dim,
-            track_loc=getattr(defense_cfg, "own_negatives", "keep") != "keep",
+            track_loc=defense_cfg.own_negatives != "keep",
         ).to(self.device)
         shard(train.batch_size, self.dist.rank, self.dist.world_size)  # validates divisibility
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "cls" not in n]

@@ -237,6 +237,7 @@ class Defense:
     name: ClassVar[str] = ""
     uses_bank: ClassVar[bool] = False
     match_phases: ClassVar[tuple[str, ...]] = ()
+    clean_phases: ClassVar[tuple[str, ...]] = ()  # phases that train on the trainer's clean set (CleanCLIP)
 
     def __init__(self, cfg: DefenseConfig):
         self.cfg = cfg

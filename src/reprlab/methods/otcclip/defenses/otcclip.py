@@ -38,6 +38,14 @@ class OTCCLIP(Defense):
     uses_bank = True
     match_phases = ("otc_match",)
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
+            raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
+        self._fixed = (
+            None  # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
+        )
+
     def phase(self, epoch: int) -> str:
         return "otc_match" if self.is_match_epoch(epoch) else "otc"
 
@@ -64,7 +72,7 @@ class OTCCLIP(Defense):
             return loc
         key = getattr(self, "_text_key", None)
         if key is None:
-            if not hasattr(tr, "ids"):
+            if not tr.in_memory:
                 raise ConfigError(
                     "defense.own_negatives=mask_text needs the in-memory trainer (tokenised captions)"
                 )
@@ -93,7 +101,7 @@ class OTCCLIP(Defense):
         self._fixed = None
         if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
             return {}
-        if not hasattr(tr, "data") or not hasattr(tr, "ids"):
+        if not tr.in_memory:
             raise ConfigError("defense.match_schedule=epoch_start needs the in-memory trainer")
         c, model, dev = self.cfg, tr.model, tr.device
         chunk = 256
@@ -315,13 +323,9 @@ class OTCCLIP(Defense):
             img = model.encode_image(b.view1)
         assignment, keep, own_grad = None, None, None
         self._assigned_loc = None
-        if (
-            b.phase == "otc_match" and getattr(self, "_fixed", None) is not None
-        ):  # match_schedule='epoch_start'
+        if b.phase == "otc_match" and self._fixed is not None:  # match_schedule='epoch_start'
             assignment, txt = self.assign_fixed(tr, b)
             self._assigned_loc = assignment.index
-            if c.matched_text != "pool":
-                raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
             if fuse:
                 ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
                 views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
