@@ -94,6 +94,25 @@ def ot_distance(
     return sinkhorn(C, a, b, eps, n_iters=n_iters, tol=tol, grad=grad)
 
 
+def pad_groups(
+    groups: list[tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Groups ``(x (B_i, n_i, d), y (B_i, m_i, d), x_mask, y_mask)`` (masks ``None`` = all valid) zero-padded to
+    the largest ``(n, m)`` (padding masked out) and concatenated: ``x (B, n, d), y (B, m, d), x_mask (B, n),
+    y_mask (B, m)`` with ``B = sum B_i``. Padding carries no OT mass, so one solve equals the separate ones."""
+    n = max(x.shape[1] for x, _, _, _ in groups)
+    m = max(y.shape[1] for _, y, _, _ in groups)
+    xs, ys, xms, yms = [], [], [], []
+    for x, y, xm, ym in groups:
+        xm = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if xm is None else xm
+        ym = torch.ones(y.shape[:2], dtype=torch.bool, device=y.device) if ym is None else ym
+        xs.append(torch.nn.functional.pad(x, (0, 0, 0, n - x.shape[1])))
+        ys.append(torch.nn.functional.pad(y, (0, 0, 0, m - y.shape[1])))
+        xms.append(torch.nn.functional.pad(xm, (0, n - xm.shape[1])))
+        yms.append(torch.nn.functional.pad(ym, (0, m - ym.shape[1])))
+    return torch.cat(xs), torch.cat(ys), torch.cat(xms), torch.cat(yms)
+
+
 def grouped_cosine_ot(
     groups: list[tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
     eps: float = 0.05,
@@ -115,21 +134,11 @@ def grouped_cosine_ot(
         ``([(B_i,) distances per group], the solver's result for the whole padded batch)``; the distances
         are differentiable w.r.t. every ``x`` and ``y``, the result's fields are not.
     """
-    n = max(x.shape[1] for x, _, _, _ in groups)
-    m = max(y.shape[1] for _, y, _, _ in groups)
     with torch.no_grad():
-        xs, ys, xms, yms = [], [], [], []
-        for x, y, xm, ym in groups:
-            xm = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if xm is None else xm
-            ym = torch.ones(y.shape[:2], dtype=torch.bool, device=y.device) if ym is None else ym
-            xs.append(torch.nn.functional.pad(x.detach(), (0, 0, 0, n - x.shape[1])))
-            ys.append(torch.nn.functional.pad(y.detach(), (0, 0, 0, m - y.shape[1])))
-            xms.append(torch.nn.functional.pad(xm, (0, n - xm.shape[1])))
-            yms.append(torch.nn.functional.pad(ym, (0, m - ym.shape[1])))
-        X, Y = torch.cat(xs), torch.cat(ys)
-        batch = len(X)
-        a = _uniform_weights(torch.cat(xms), batch, n, X, "x_mask")
-        b = _uniform_weights(torch.cat(yms), batch, m, X, "y_mask")
+        X, Y, x_mask, y_mask = pad_groups(groups)
+        batch, n, m = len(X), X.shape[1], Y.shape[1]
+        a = _uniform_weights(x_mask, batch, n, X, "x_mask")
+        b = _uniform_weights(y_mask, batch, m, X, "y_mask")
         # as F.normalize (x / max(|x|, 1e-12)) and cosine_cost, so the costs are bitwise those of ot_distance
         nx = X.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         ny = Y.norm(dim=-1, keepdim=True).clamp_min(1e-12)

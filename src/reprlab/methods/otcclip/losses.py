@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from reprlab.ot import SinkhornResult, ot_distance
-from reprlab.ot.distance import grouped_cosine_ot
+from reprlab.ot.distance import grouped_cosine_ot, pad_groups
 
 # [ours, speed] ot_alignments (Sinkhorn) builds its cosine costs and envelope gradient in one autograd node
 # (reprlab.ot.distance.grouped_cosine_ot): same values, gradients equal up to float rounding; False = the
@@ -212,17 +212,7 @@ def ot_alignments(
             diagnostics.append(res)
         weights = weights or [None] * len(costs)
         return [part.mean() if w is None else (part * w).mean() for part, w in zip(costs, weights)]
-    n = max(x.shape[1] for x, _, _, _ in pairs)
-    m = max(y.shape[1] for _, y, _, _ in pairs)
-    xs, ys, xms, yms = [], [], [], []
-    for x, y, xm, ym in pairs:
-        xm = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if xm is None else xm
-        ym = torch.ones(y.shape[:2], dtype=torch.bool, device=y.device) if ym is None else ym
-        xs.append(F.pad(x, (0, 0, 0, n - x.shape[1])))
-        ys.append(F.pad(y, (0, 0, 0, m - y.shape[1])))
-        xms.append(F.pad(xm, (0, n - xm.shape[1])))
-        yms.append(F.pad(ym, (0, m - ym.shape[1])))
-    res = ot_solve(torch.cat(xs), torch.cat(ys), torch.cat(xms), torch.cat(yms), cfg)
+    res = ot_solve(*pad_groups(pairs), cfg)
     if diagnostics is not None:
         diagnostics.append(res)
     parts = res.cost.split([len(x) for x, _, _, _ in pairs])
