@@ -300,3 +300,81 @@ def test_float32_fast_path_on_the_full_cosine_range():
     ref = sinkhorn(C.double(), a.double(), b.double(), 0.05, n_iters=50, grad="autograd")
     assert fast.solver == "sinkhorn-scaling"
     assert float((fast.cost.double() - ref.cost.detach()).abs().max()) <= 1e-5
+
+
+def _mixed_speed_batch(dtype=F64):
+    """Problems that converge at very different iterations (at eps 0.02, tol 1e-4: random costs 130-390
+    iterations, two copies of the same point cloud 10), with padding in both kinds."""
+    C, a, b = _problem(6, 9, 6, seed=21, dtype=dtype)
+    g = torch.Generator().manual_seed(22)
+    x = torch.nn.functional.normalize(torch.randn(3, 6, 4, generator=g, dtype=dtype), dim=-1)
+    slow = (1 - x @ x.transpose(1, 2)).clamp_min(0)  # (3, 6, 6): each point's twin costs 0
+    C[3:, :6, :] = slow
+    a[3:, 6:] = 0  # the slow problems are 6 x 6
+    a[3:, :6], b[3:] = 1.0, 1.0
+    b[1, 4:] = 0
+    return C, a, b
+
+
+@pytest.mark.parametrize("path", ["numpy", "torch_small", "torch_bmm"])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_retired_problems_stop_where_each_problem_alone_stops(monkeypatch, path, dtype):
+    """RETIRE_CONVERGED: with a tolerance every problem stops at its own first check below it, so a batch gives
+    what each problem solved alone gives (the oracle: independent problems), on all three scaling paths; the
+    batch reports the largest iteration count. The old rule (the chunk runs until its slowest problem meets
+    the tolerance) keeps iterating the fast problems, which the same comparison catches."""
+    monkeypatch.setattr(sk, "NUMPY_SMALL", path == "numpy")
+    if path == "torch_bmm":
+        monkeypatch.setattr(sk, "SMALL_PROBLEM", 0)
+    C, a, b = _mixed_speed_batch(dtype)
+    tol, eps = 1e-4, 0.02
+    batch = sinkhorn(C, a, b, eps, n_iters=2000, tol=tol)
+    alone = [sinkhorn(C[i : i + 1], a[i : i + 1], b[i : i + 1], eps, n_iters=2000, tol=tol) for i in range(6)]
+    iters = [r.n_iters for r in alone]
+    assert max(iters) >= 4 * min(iters)  # the fixture mixes fast and slow problems
+    assert batch.solver == "sinkhorn-scaling" and batch.n_iters == max(iters)
+    assert bool(batch.converged.all())
+    atol, rtol = (1e-12, 1e-9) if dtype == F64 else (1e-6, 1e-4)
+    for field in ("plan", "cost", "f", "g", "marginal_error", "reg_cost"):
+        ref = torch.cat([getattr(r, field).reshape(1, *getattr(batch, field).shape[1:]) for r in alone])
+        torch.testing.assert_close(getattr(batch, field), ref, atol=atol, rtol=rtol, msg=field)
+    monkeypatch.setattr(sk, "RETIRE_CONVERGED", False)  # the old rule: the fast problems iterate on
+    old = sinkhorn(C, a, b, eps, n_iters=2000, tol=tol)
+    fast = [i for i in range(6) if iters[i] < max(iters)]
+    assert not torch.allclose(old.f[fast], batch.f[fast], atol=atol * 10, rtol=0)
+
+
+class _NumpyFailingAt:
+    """``numpy`` for the solver module, except that its ``isfinite`` call number ``n`` reports nothing finite
+    (forces the log-domain handover at a chosen block: two calls per block)."""
+
+    def __init__(self, n):
+        import numpy
+
+        self.np, self.n, self.calls = numpy, n, 0
+
+    def __getattr__(self, name):
+        return getattr(self.np, name)
+
+    def isfinite(self, x):
+        self.calls += 1
+        out = self.np.isfinite(x)
+        return out & False if self.calls == self.n else out
+
+
+def test_retirement_survives_the_log_domain_handover(monkeypatch):
+    """A chunk that retired problems at its first check and then over/underflows in the next block hands every
+    problem to the log domain from the potentials it had after that check: the retired ones from their final
+    potentials, which are the ones the old rule hands over too. So both rules give the same result."""
+    C, a, b = _mixed_speed_batch()
+    out = {}
+    for retire in (True, False):
+        monkeypatch.setattr(sk, "RETIRE_CONVERGED", retire)
+        monkeypatch.setattr(sk, "np", _NumpyFailingAt(3))  # block 2's first check
+        out[retire] = sinkhorn(C, a, b, 0.02, n_iters=2000, tol=1e-4)
+        assert sk.np.calls >= 3
+    new, old = out[True], out[False]
+    assert new.solver == old.solver == "sinkhorn-log" and new.n_iters == old.n_iters
+    assert bool(new.converged.all())
+    for field in ("plan", "cost", "f", "g"):
+        torch.testing.assert_close(getattr(new, field), getattr(old, field), atol=1e-12, rtol=1e-9)

@@ -43,8 +43,9 @@ class OTConfig:
     match_tol: float | None = field(
         default=1e-3,
         metadata={
-            "help": "re-matching OT: L1 marginal-error tolerance (Sinkhorn); a chunk stops once all its problems "
-            "meet it, and an epoch whose largest error stays above it warns; null = fixed n_iters (old behaviour)"
+            "help": "re-matching OT: L1 marginal-error tolerance (Sinkhorn); each problem stops at its first check "
+            "(every 10 iterations) below it, and an epoch whose largest error stays above it warns; null = fixed "
+            "n_iters (old behaviour)"
         },
     )
     match_max_iters: int = field(
@@ -58,8 +59,8 @@ class OTConfig:
     loss_tol: float | None = field(
         default=1e-2,
         metadata={
-            "help": "training OT losses: L1 marginal-error tolerance (Sinkhorn); the solve stops once every "
-            "problem meets it (checked every 10 iterations), the epoch's largest error is logged "
+            "help": "training OT losses: L1 marginal-error tolerance (Sinkhorn); each problem stops at its first "
+            "check (every 10 iterations) below it, the epoch's largest error is logged "
             "(loss_ot_marginal_error) and an epoch above it warns; null = fixed n_iters (old behaviour)"
         },
     )
