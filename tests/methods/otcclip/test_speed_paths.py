@@ -85,8 +85,8 @@ def test_speed_options_leave_the_step_unchanged_and_save_forward_passes(items, e
     results = {}
     for on in (True, False):
         tr = _trainer(items, "otcclip", epochs=2, sgd=True)
-        # fixed loss-OT iterations: with loss_tol the fused solve stops when its whole group converges,
-        # separate solves each on their own, so the two agree only up to the tolerance
+        # fixed loss-OT iterations (with a tolerance each problem also stops on its own, reprlab.ot.sinkhorn.
+        # RETIRE_CONVERGED; fixed iterations keep this test independent of that rule)
         tr.dcfg = replace(DCFG, fused_ot_losses=on, reuse_own_text=on, fused_encoders=on, ot=OT)
         tr.impl.cfg = tr.dcfg
         if epoch == 1:
@@ -113,8 +113,8 @@ def test_speed_options_leave_the_step_unchanged_and_save_forward_passes(items, e
     if epoch == 0:  # own captions (8 rows) + caption views (4 rows) in one call; own[sub] reused
         assert c_on["text"] == [batch + batch // sub] * steps
         assert len(c_off["text"]) == 3 * steps
-    else:  # matching: own captions without gradient for the pool, then own[sub] + views[sub] together
-        assert c_on["text"] == [batch, 2 * (batch // sub)] * steps
+    else:  # matching: own[sub] + views[sub] together, then only the other own captions without gradient
+        assert c_on["text"] == [2 * (batch // sub), batch - batch // sub] * steps
         assert len(c_off["text"]) == 3 * steps
 
 
@@ -209,3 +209,40 @@ def test_grouped_cosine_gradient_equals_autograd_through_the_cost(monkeypatch, t
     for a, b in zip(g_on, g_off):
         assert float(b.abs().max()) > 1e-3  # every leaf gets a real gradient, so the comparison bites
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_skipping_the_own_caption_duplicate_leaves_the_match_unchanged(monkeypatch, margin):
+    """SKIP_OWN_DUPLICATE: an image whose own caption is also shortlisted solves that problem once, not twice.
+    Same choice, scores, distances and per-candidate diagnostics as solving both copies (each problem stops
+    on its own, so the batch composition does not move a solve); fewer problems reach the solver. With
+    margin 0 a duplicate ties column 0 exactly, which only column 0 may win."""
+    from reprlab.methods.otcclip import matching
+
+    g = torch.Generator().manual_seed(3)
+    n_img, pool, d = 12, 20, 8
+    patches = F.normalize(torch.randn(n_img, 5, d, generator=g), dim=-1)
+    u = F.normalize(patches.mean(1) + 0.3 * torch.randn(n_img, d, generator=g), dim=-1)
+    glob = F.normalize(torch.randn(pool, d, generator=g), dim=-1)
+    glob[: n_img // 2] = F.normalize(u[: n_img // 2] + 0.2 * torch.randn(n_img // 2, d, generator=g), dim=-1)
+    tokens = F.normalize(torch.randn(pool, 6, d, generator=g), dim=-1)
+    mask = torch.arange(6)[None] < torch.randint(2, 7, (pool,), generator=g)[:, None]
+    own = torch.arange(n_img)
+    cfg = OTConfig()  # the defaults: tolerance solve (per-problem stop)
+    out = {}
+    for skip in (True, False):
+        monkeypatch.setattr(matching, "SKIP_OWN_DUPLICATE", skip)
+        out[skip] = otc_rematch(u, patches, glob, tokens, mask, 4, 0.5, cfg, own_index=own, margin=margin)
+    new, old = out[True], out[False]
+    shortlisted = ((u @ glob.T).topk(4, dim=1).indices == own[:, None]).any(1)
+    assert 0 < int(shortlisted.sum()) < n_img  # some own captions are shortlisted, some are not
+    assert (
+        len(new.ot_result.cost)
+        == len(old.ot_result.cost) - int(shortlisted.sum())
+        == n_img * 5 - int(shortlisted.sum())
+    )
+    assert torch.equal(new.index, old.index)
+    torch.testing.assert_close(new.score, old.score, atol=1e-6, rtol=0)
+    torch.testing.assert_close(new.ot, old.ot, atol=1e-6, rtol=0)
+    torch.testing.assert_close(new.marginal_error, old.marginal_error, atol=1e-6, rtol=0)
+    assert torch.equal(new.converged, old.converged)

@@ -147,12 +147,22 @@ def _mode_independent(model: nn.Module) -> bool:
 @dataclass
 class MatchResult:
     """``index (batch,)`` into the pool; ``score (batch,)`` of the chosen caption; ``ot (batch, k)`` distances;
-    ``ot_result`` the solver's output for the ``batch * k`` problems (``marginal_error``, ``converged``)."""
+    ``ot_result`` the solver's output for the problems it solved (``batch * k``, less the duplicates
+    ``otc_rematch`` skips); ``marginal_error`` and ``converged`` ``(batch, k)``: its diagnostics per candidate
+    (a skipped duplicate carries those of the problem it duplicates)."""
 
     index: torch.Tensor
     score: torch.Tensor
     ot: torch.Tensor | None = None
     ot_result: SinkhornResult | None = None
+    marginal_error: torch.Tensor | None = None
+    converged: torch.Tensor | None = None
+
+
+# [ours, speed] With the own caption added in column 0, an image whose own caption is also shortlisted would
+# solve the same problem twice; the duplicate is not solved and takes column 0's distance (it can never win:
+# column 0 wins ties and the margin only lowers the others). Same choice and distances; False = solve both.
+SKIP_OWN_DUPLICATE = True
 
 
 @torch.no_grad()
@@ -207,16 +217,44 @@ def otc_rematch(
     # [ours, speed] the k problems of an image share its patches: their cosine costs come from one product
     # per image, (n, d) x (d, k * width), instead of copying the patches k times into (batch * k, n, d)
     # problems; the solver only reads the shape of the expanded (never materialised) patch tensor.
-    x = patches.new_zeros(()).expand(batch * k, n, d)
-    solved = ot_solve(x, tokens, xm, mask[:, :width], ot, matching=True, cost=_shared_patch_cost(patches, k))
-    dist = solved.cost.view(batch, k)
+    cost = _shared_patch_cost(patches, k)
+    solve = None  # (batch * k,) bool: the problems solved (None: all)
+    if own_index is not None and SKIP_OWN_DUPLICATE:
+        dup = torch.zeros_like(top_idx, dtype=torch.bool)
+        dup[:, 1:] = top_idx[:, 1:] == top_idx[:, :1]
+        if bool(dup.any()):
+            solve = ~dup.reshape(-1)
+            full_cost = cost
+            cost = lambda _x, _y: full_cost(None, tokens)[solve]  # noqa: E731
+    rows = slice(None) if solve is None else solve
+    n_solve = batch * k if solve is None else int(solve.sum())
+    x = patches.new_zeros(()).expand(n_solve, n, d)
+    xm_s = None if xm is None else xm[rows]
+    solved = ot_solve(x, tokens[rows], xm_s, mask[rows, :width], ot, matching=True, cost=cost)
+    err, conv = solved.marginal_error, solved.converged
+    if solve is None:
+        dist = solved.cost.view(batch, k)
+    else:  # a skipped duplicate is column 0's problem
+        dist, err_full, conv_full = (
+            torch.zeros(batch * k, dtype=v.dtype, device=v.device) for v in (solved.cost, err, conv)
+        )
+        dist[solve], err_full[solve], conv_full[solve] = solved.cost, err, conv
+        dist, err, conv = dist.view(batch, k), err_full.view(batch, k), conv_full.view(batch, k)
+        dups = ~solve.view(batch, k)
+        for t in (dist, err, conv):
+            t[dups] = t[:, :1].expand(batch, k)[dups]
     score = alpha * top_sim - (1 - alpha) * dist
     if own_index is not None and margin > 0:
         score = torch.cat([score[:, :1], score[:, 1:] - margin], dim=1)
     best = score.argmax(dim=1)  # first maximum: the own caption wins ties
     rows = torch.arange(batch, device=best.device)
     return MatchResult(
-        top_idx[rows, best], alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best], dist, solved
+        top_idx[rows, best],
+        alpha * top_sim[rows, best] - (1 - alpha) * dist[rows, best],
+        dist,
+        solved,
+        err.view(batch, k),
+        conv.view(batch, k),
     )
 
 

@@ -115,17 +115,17 @@ class DefenseConfig:
         default=True,
         metadata={
             "help": "[ours, speed] solve the inter and intra OT loss problems in one padded solver call, "
-            "matched captions cut to their used width (equal to the old path up to float rounding with fixed "
-            "iterations, ot.loss_tol null; up to the tolerance otherwise, since the fused call stops when all "
-            "its problems converge); false = one call per term on full-width matched captions (the old path)"
+            "matched captions cut to their used width (equal to separate solves up to float rounding: each "
+            "problem stops on its own); false = one call per term on full-width matched captions (the old path)"
         },
     )
     reuse_own_text: bool = field(
         default=True,
         metadata={
             "help": "[ours, speed] on non-matching epochs the intra text term reuses the own captions' "
-            "features of the CLIP term instead of encoding the same rows again (same values); false = the "
-            "old extra forward"
+            "features of the CLIP term instead of encoding the same rows again (same values); on matching "
+            "epochs the pool reuses the intra term's own-caption rows (detached) instead of encoding them again "
+            "without gradient (same values up to rounding); false = the old extra forwards"
         },
     )
     fused_encoders: bool = field(

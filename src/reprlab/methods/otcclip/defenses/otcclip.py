@@ -31,6 +31,12 @@ from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_fe
 from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
+# [ours, speed; part of reuse_own_text] on matching epochs (matched_text='pool', fused encoders) the pool's
+# features of the intra term's own-caption rows are that term's (detached) instead of a second, gradient-free
+# encode of the same rows: 1/4 of the batch's captions fewer per step at the defaults. Same values up to
+# rounding (tested); False = the pool encodes every own caption (the step before this switch).
+POOL_SKIPS_INTRA_ROWS = True
+
 
 @register
 class OTCCLIP(Defense):
@@ -131,9 +137,8 @@ class OTCCLIP(Defense):
                 margin=c.keep_margin,
             )
             index.append(m.index)
-            k = m.ot_result.marginal_error.numel() // len(img.global_)
-            err.append(m.ot_result.marginal_error.view(-1, k))
-            conv.append(m.ot_result.converged.view(-1, k))
+            err.append(m.marginal_error)
+            conv.append(m.converged)
         self._fixed = {
             "index": torch.cat(index),
             "txt": TextFeatures(g, tokens, mask),
@@ -182,13 +187,31 @@ class OTCCLIP(Defense):
             k: PoolRows(batch[k], bank[k]) if k in lazy else torch.cat([batch[k], bank[k]]) for k in batch
         }
 
-    def assign(self, tr, b: Batch, img: ImageFeatures) -> tuple[Assignment, TextFeatures]:
+    def _pool_batch_text(self, tr, b: Batch, sub: torch.Tensor, own_sub: TextFeatures) -> TextFeatures:
+        """The pool's features of this rank's own captions ``b.ids1``: rows ``sub`` from ``own_sub`` (already
+        encoded, with gradient; taken detached), the others from a gradient-free forward. Same values as
+        encoding every row without gradient, up to rounding (tested)."""
+        rest = torch.ones(len(b.ids1), dtype=torch.bool, device=b.ids1.device)
+        rest[sub] = False
+        other = pool_text_features(tr.model, b.ids1[rest], b.mask1[rest])
+        glob = other.global_.new_empty((len(b.ids1), *other.global_.shape[1:]))
+        tokens = other.tokens.new_empty((len(b.ids1), *other.tokens.shape[1:]))
+        glob[rest], tokens[rest] = other.global_, other.tokens
+        glob[sub], tokens[sub] = own_sub.global_.detach(), own_sub.tokens.detach()
+        return TextFeatures(glob, tokens, b.mask1)
+
+    def assign(
+        self, tr, b: Batch, img: ImageFeatures, batch_txt: TextFeatures | None = None
+    ) -> tuple[Assignment, TextFeatures]:
         """Re-match this rank's images over the pool; returns the assignment and the text features to train on.
-        Sets ``self._assigned_loc`` (local,): the training pair each assigned caption came from (-1 unknown)."""
+        Sets ``self._assigned_loc`` (local,): the training pair each assigned caption came from (-1 unknown).
+        ``batch_txt``: the pool's (gradient-free) features of the own captions ``b.ids1``, when the step already
+        has them; otherwise they are encoded here."""
         c = self.cfg
         n_batch = len(b.idx)
         bank_loc = getattr(tr.bank, "loc", None)
-        batch_txt = pool_text_features(tr.model, b.ids1, b.mask1)  # no gradient (eval-mode forward)
+        if batch_txt is None:
+            batch_txt = pool_text_features(tr.model, b.ids1, b.mask1)  # no gradient (eval-mode forward)
         pool = self.pool(tr, b, batch_txt)
         own = torch.arange(b.rows.start, b.rows.stop, device=tr.device) if c.include_own else None
         match = otc_rematch(
@@ -222,9 +245,8 @@ class OTCCLIP(Defense):
         else:
             txt = tr.model.encode_text(ids_a[:, :w], mask_a[:, :w])
         self._enqueue(tr, b, batch_txt)  # after the query: the pool's batch part is explicit
-        diag = match.ot_result
-        err = None if diag is None else diag.marginal_error
-        conv = None if diag is None else diag.converged
+        err = None if match.marginal_error is None else match.marginal_error.flatten()
+        conv = None if match.converged is None else match.converged.flatten()
         return Assignment(i, ids_a, pool["sig"][i], pool["poison"][i], err, conv), txt
 
     # ---------------------------------------------------------------- losses
@@ -330,7 +352,14 @@ class OTCCLIP(Defense):
                 ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
                 views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
         elif b.phase == "otc_match":
-            assignment, txt = self.assign(tr, b, img)
+            pool_txt = None
+            if fuse and c.matched_text == "pool" and c.reuse_own_text and POOL_SKIPS_INTRA_ROWS:
+                # [ours, speed] the intra term's own captions (with gradient) are encoded first; the pool takes
+                # them detached and encodes only the other rows without gradient
+                ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
+                views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
+                pool_txt = self._pool_batch_text(tr, b, sub, views[1])
+            assignment, txt = self.assign(tr, b, img, pool_txt)
             if c.matched_text != "pool":  # [ours] kept own captions train with text gradient
                 kept = assignment.index == torch.arange(b.rows.start, b.rows.stop, device=tr.device)
                 if fuse:
@@ -346,7 +375,9 @@ class OTCCLIP(Defense):
                     own_grad = model.encode_text(b.ids1, b.mask1)
                 txt = merge_rows(kept, own_grad, txt)
                 keep = kept if c.matched_text == "drop" else None
-            elif fuse:  # the own captions were encoded without gradient for the pool: encode both views here
+            elif (
+                fuse and views is None
+            ):  # own captions encoded without gradient for the pool: encode both views
                 ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
                 views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
         elif fuse:
