@@ -5,7 +5,10 @@
    re-ranking), all variants interleaved within each of several repeats; each ratio is the variant's epoch
    over the plain-CLIP epoch of the same repeat, reported as the median [min - max] over repeats (a shared
    machine's load moves both sides of a repeat alike). The issue's target: overhead ratio <= 1.3. Variants:
-   the defaults; ``_prev``: the second speed round's switches off (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
+   the defaults (otcclip-tiny's defense settings); ``_intra16``: the recipe's ``intra_subset`` before speed
+   round 3 (16; now 12); ``_prev3``: that and the third speed round's switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
+   ``matching.SKIP_OWN_DUPLICATE``, ``defenses.otcclip.POOL_SKIPS_INTRA_ROWS``: the step before that round);
+   ``_prev``: the second round's switches off too (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
    ``matching.POOL_EVAL_FORWARD``, ``losses.GROUPED_COSINE_GRAD``: the step before that round);
    ``_unfused``: the first round's options off too (the step before issue 11 item 8, same weights
    bitwise); ``topk16``; fixed-50-iteration matching / loss OT.
@@ -42,22 +45,35 @@ from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
 
-# The switches of the second speed round (issue 11 item 8), for the "before" variants: NumPy small-problem
-# Sinkhorn blocks, the eval-mode pool encode, the one-node cosine/envelope backward of the OT losses.
-_SWITCHES = (
-    ("reprlab.ot.sinkhorn", "NUMPY_SMALL"),
-    ("reprlab.methods.otcclip.matching", "POOL_EVAL_FORWARD"),
-    ("reprlab.methods.otcclip.losses", "GROUPED_COSINE_GRAD"),
-)
+# The switches of the speed rounds (issue 11 item 8), for the "before" variants. Second round: NumPy
+# small-problem Sinkhorn blocks, the eval-mode pool encode, the one-node cosine/envelope backward of the OT
+# losses. Third round: per-problem retirement in tolerance solves, no duplicate own-caption solve in
+# re-matching, the pool reusing the intra term's own-caption rows.
+_SWITCHES = {
+    2: (
+        ("reprlab.ot.sinkhorn", "NUMPY_SMALL"),
+        ("reprlab.methods.otcclip.matching", "POOL_EVAL_FORWARD"),
+        ("reprlab.methods.otcclip.losses", "GROUPED_COSINE_GRAD"),
+    ),
+    3: (
+        ("reprlab.ot.sinkhorn", "RETIRE_CONVERGED"),
+        ("reprlab.methods.otcclip.matching", "SKIP_OWN_DUPLICATE"),
+        ("reprlab.methods.otcclip.defenses.otcclip", "POOL_SKIPS_INTRA_ROWS"),
+    ),
+}
 
 
-def _set_switches(on: bool) -> list:
-    """Set the second-round speed switches; return the previous values for :func:`_set_switches_back`."""
+def _set_switches(level: int) -> list:
+    """Turn on the switches of the speed rounds up to ``level`` (3: all, the defaults; 2: the third round's
+    off; 1: the second's off too); return the previous values for :func:`_set_switches_back`."""
     prev = []
-    for module, name in _SWITCHES:
-        m = importlib.import_module(module)  # the module (``reprlab.ot.sinkhorn`` is also a function name)
-        prev.append((m, name, getattr(m, name)))
-        setattr(m, name, on)
+    for rnd, switches in _SWITCHES.items():
+        for module, name in switches:
+            m = importlib.import_module(
+                module
+            )  # the module (``reprlab.ot.sinkhorn`` is also a function name)
+            prev.append((m, name, getattr(m, name)))
+            setattr(m, name, rnd <= level)
     return prev
 
 
@@ -80,31 +96,39 @@ def epoch_times(n_pairs: int = 500, repeats: int = 5, trained_epochs: int = 0) -
     )
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     mcfg, tcfg = ModelConfig(patch_size=14), TrainConfig(epochs=4, batch_size=50, warmup_steps=5)
-    # the recipe's re-matching settings (otcclip-tiny: top_k 4, keep_margin 0.05), matching from epoch 1
-    dcfg = DefenseConfig(bank_size=2048, top_k=4, keep_margin=0.05, rematch_warmup=1, rematch_every=2)
+    # the recipe's defense settings (otcclip-tiny: top_k 4, keep_margin 0.05, intra_subset 12), matching from
+    # epoch 1
+    dcfg = DefenseConfig(
+        bank_size=2048, top_k=4, keep_margin=0.05, intra_subset=12, rematch_warmup=1, rematch_every=2
+    )
+    intra16 = replace(dcfg, intra_subset=16)  # otcclip-tiny before speed round 3
     fixed = replace(dcfg, ot=replace(dcfg.ot, match_tol=None))  # the old matching: 50 fixed iterations
     fixed_loss = replace(dcfg, ot=replace(dcfg.ot, loss_tol=None))  # the old loss OT: 50 fixed iterations
     # the first-pass speed options off: the step as before item 8 (bitwise the same weights)
-    unfused = replace(dcfg, fused_ot_losses=False, reuse_own_text=False, fused_encoders=False)
-    # (label, defense, matching epoch?, config, second-pass switches on?)
+    unfused = replace(intra16, fused_ot_losses=False, reuse_own_text=False, fused_encoders=False)
+    # (label, defense, matching epoch?, config, speed rounds on (see _set_switches))
     runs = (
-        ("clip", "none", 0, dcfg, True),
-        ("otc", "otcclip", 0, dcfg, True),
-        ("otc_match", "otcclip", 1, dcfg, True),
-        ("otc_prev", "otcclip", 0, dcfg, False),  # the second-pass switches off: before this round
-        ("otc_match_prev", "otcclip", 1, dcfg, False),
-        ("otc_unfused", "otcclip", 0, unfused, False),
-        ("otc_match_unfused", "otcclip", 1, unfused, False),
-        ("otc_match_fixed50", "otcclip", 1, fixed, True),
+        ("clip", "none", 0, dcfg, 3),
+        ("otc", "otcclip", 0, dcfg, 3),
+        ("otc_match", "otcclip", 1, dcfg, 3),
+        ("otc_intra16", "otcclip", 0, intra16, 3),  # the recipe's intra_subset before this round
+        ("otc_match_intra16", "otcclip", 1, intra16, 3),
+        ("otc_prev3", "otcclip", 0, intra16, 2),  # and the third round's switches off: before this round
+        ("otc_match_prev3", "otcclip", 1, intra16, 2),
+        ("otc_prev", "otcclip", 0, intra16, 1),  # the second round's off too
+        ("otc_match_prev", "otcclip", 1, intra16, 1),
+        ("otc_unfused", "otcclip", 0, unfused, 1),
+        ("otc_match_unfused", "otcclip", 1, unfused, 1),
+        ("otc_match_fixed50", "otcclip", 1, fixed, 3),
         (
             "otc_match_topk16",
             "otcclip",
             1,
             replace(dcfg, top_k=16),
-            True,
+            3,
         ),  # the shortlist before the ablation
-        ("otc_fixed50loss", "otcclip", 0, fixed_loss, True),
-        ("otc_match_fixed50loss", "otcclip", 1, fixed_loss, True),
+        ("otc_fixed50loss", "otcclip", 0, fixed_loss, 3),
+        ("otc_match_fixed50loss", "otcclip", 1, fixed_loss, 3),
     )
     if trained_epochs:
         tcfg = replace(tcfg, epochs=trained_epochs + 4 + repeats)
@@ -323,6 +347,10 @@ def main() -> None:
             ("", ("otc", "otc_match")),
             ("_nonmatching", ("otc",)),
             ("_matching", ("otc_match",)),
+            ("_intra16", ("otc_intra16", "otc_match_intra16")),
+            ("_before_round3", ("otc_prev3", "otc_match_prev3")),
+            ("_nonmatching_before_round3", ("otc_prev3",)),
+            ("_matching_before_round3", ("otc_match_prev3",)),
             ("_before_round2", ("otc_prev", "otc_match_prev")),
             ("_nonmatching_before_round2", ("otc_prev",)),
             ("_matching_before_round2", ("otc_match_prev",)),
@@ -388,7 +416,13 @@ def main() -> None:
                 "epoch_overhead_ratio_matching": med(ep, "otc_match"),
                 "epoch_overhead_ratio_trained_nonmatching": med(ep_t, "otc"),
                 "epoch_overhead_ratio_trained_matching": med(ep_t, "otc_match"),
-                # before the second speed round (its three switches off)
+                # the recipe's intra_subset before speed round 3 (16), this round's switches on
+                "epoch_overhead_ratio_intra16": med(ep, "otc_intra16", "otc_match_intra16"),
+                "epoch_overhead_ratio_trained_intra16": med(ep_t, "otc_intra16", "otc_match_intra16"),
+                # before the third speed round (intra_subset 16, its three switches off)
+                "epoch_overhead_ratio_before_round3": med(ep, "otc_prev3", "otc_match_prev3"),
+                "epoch_overhead_ratio_trained_before_round3": med(ep_t, "otc_prev3", "otc_match_prev3"),
+                # before the second speed round (its three switches off, and the third round's)
                 "epoch_overhead_ratio_before_round2": med(ep, "otc_prev", "otc_match_prev"),
                 "epoch_overhead_ratio_trained_before_round2": med(ep_t, "otc_prev", "otc_match_prev"),
                 "epoch_overhead_ratio_topk16": med(ep, "otc", "otc_match_topk16"),
