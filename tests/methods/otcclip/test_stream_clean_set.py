@@ -199,7 +199,7 @@ def test_a_poisoned_or_too_small_clean_source_stops_training_with_its_name(items
     # library callers skip preflight: the poisoned window itself stops the fine-tuning epoch
     poisoned = _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=st.ShardSource(train))
     poisoned.run_epoch(0)
-    with pytest.raises(DataError, match=f"stream.clean_source: {train} holds poisoned items"):
+    with pytest.raises(DataError, match=f"clean fine-tuning source {train} holds poisoned items"):
         poisoned.run_epoch(1)
     # 4 clean pairs in 2 slots: no global batch of 8, so cycling would never reach the schedule's steps
     tiny = st.ShardSource(_write(_clean_mosaics(items, 4), tmp_path / "tiny", shard_size=2))

@@ -615,8 +615,8 @@ class StreamTrainer(Trainer):
                 self._set_window(window)
                 if clean and bool(self.poison.any()):
                     raise DataError(
-                        f"stream.clean_source: {self.clean_source.name} holds poisoned items (provenance kind != 0)"
-                        f" in epoch {epoch}; a clean fine-tuning set must be clean"
+                        f"the clean fine-tuning source {self.clean_source.name} holds poisoned items (provenance "
+                        f"kind != 0) in epoch {epoch}; a clean fine-tuning set must be clean"
                     )
                 n = len(self.data)
                 start = self.impl.start_epoch(self, epoch, phase)
@@ -642,7 +642,7 @@ class StreamTrainer(Trainer):
                 break
             if step == first:  # would cycle forever
                 raise DataError(
-                    f"stream.clean_source: {self.clean_source.name} gives no full global batch of "
+                    f"the clean fine-tuning source {self.clean_source.name} gives no full global batch of "
                     f"{b} (train.batch_size) in {self.scfg.slots} slots: too few valid items"
                 )
             cycle += 1
