@@ -22,13 +22,14 @@ from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks
 HERE = Path(__file__).parent
 
 
-def _stream_trainer(pairs, path, defense, stream_cfg, epochs=2, batch=8, tok=None):
+def _stream_trainer(pairs, path, defense, stream_cfg, epochs=2, batch=8, tok=None, dcfg=DCFG, clean=None):
+    """A StreamTrainer over the shards at ``path`` (``clean``: a clean fine-tuning source, test_stream_clean_set)."""
     tok = tok or WordTokenizer.from_texts(pairs.captions)
     torch.manual_seed(0)
     model = TinyCLIP(CFG, len(tok))
     return st.StreamTrainer(
         model, st.ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
-        DCFG, 0, stream_cfg, n_samples=len(pairs),
+        dcfg, 0, stream_cfg, n_samples=len(pairs), clean=clean,
     )  # fmt: skip
 
 

@@ -57,15 +57,45 @@ def make_shards(
     shuffle: bool = typer.Option(
         True, help="write the pairs in a seeded random order (poisons spread over the shards, as in web data)"
     ),
+    clean_finetune_pairs: int = typer.Option(
+        0,
+        min=0,
+        help="[ours] also write CleanCLIP's clean fine-tuning set: this many never-poisoned mosaic pairs, built "
+        "as data.clean_finetune_pairs builds them in memory, for stream.clean_source",
+    ),
+    clean_out: Path = typer.Option(None, help="folder for the clean fine-tuning shards (default: OUT-clean)"),
+    clean_slots: int = typer.Option(
+        2,
+        min=1,
+        help="the stream.slots the clean shards will be read with: they are written as a multiple of it, of at "
+        "most --shard-size samples (a small clean set still gives every slot a share)",
+    ),
 ) -> None:
-    """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards."""
+    """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards, and
+    optionally a clean fine-tuning shard set (--clean-finetune-pairs) into a separate folder."""
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip.poison import TRIGGERS
     from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
-    from reprlab.methods.otcclip.shards import write_shards
+    from reprlab.methods.otcclip.shards import clean_shard_size, write_shards
 
     if trigger not in TRIGGERS:
         raise ConfigError(f"--trigger {trigger!r} is not one of {list(TRIGGERS)}")
+    cfg = DataConfig(  # otcclip-tiny's poisons
+        n_pairs=n_pairs,
+        max_items=max_items,
+        captions_per_target=30,
+        backdoor_pairs=min(120, n_pairs // 4),
+        trigger=trigger,
+        clean_finetune_pairs=clean_finetune_pairs,
+        n_eval=1,
+        n_probe_train=1,
+    )
+    clean_out = clean_out or out.with_name(out.name + "-clean")
+    if clean_finetune_pairs and clean_out.resolve() == out.resolve():
+        raise ConfigError(
+            "--clean-out must be another folder than OUT: the two shard sets are separate sources"
+        )
+    bed = build_testbed(cfg, seed) if clean_finetune_pairs or not clean else None
     if clean:
         from reprlab.assets import fashion_mnist
         from reprlab.methods.otcclip.mosaic import make_mosaics
@@ -74,15 +104,14 @@ def make_shards(
         x, y = fashion_mnist("train")
         pairs = make_mosaics(n_pairs, seed, 1, max_items, source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]))
     else:
-        cfg = DataConfig(  # otcclip-tiny's poisons
-            n_pairs=n_pairs,
-            max_items=max_items,
-            captions_per_target=30,
-            backdoor_pairs=min(120, n_pairs // 4),
-            trigger=trigger,
-            n_eval=1,
-            n_probe_train=1,
-        )
-        pairs = build_testbed(cfg, seed).pairs
+        pairs = bed.pairs
     paths = write_shards(pairs, out, shard_size, shuffle_seed=seed if shuffle else None)
     typer.echo(f"wrote {len(pairs)} samples in {len(paths)} shards to {out}")
+    if clean_finetune_pairs:
+        # the testbed's own clean set (seed + 5 scenes, never poisoned): the same pairs the in-memory recipe
+        # fine-tunes CleanCLIP on with data.clean_finetune_pairs at this seed
+        size = clean_shard_size(clean_finetune_pairs, shard_size, clean_slots)
+        paths = write_shards(
+            bed.clean, clean_out, size, prefix="clean", shuffle_seed=seed if shuffle else None
+        )
+        typer.echo(f"wrote {len(bed.clean)} clean fine-tuning samples in {len(paths)} shards to {clean_out}")

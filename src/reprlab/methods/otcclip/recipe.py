@@ -312,12 +312,17 @@ def streaming(cfg: Config) -> bool:
 def preflight(cfg: Config) -> None:
     """Checks that need no work, before a run folder exists: the stream's source exists and is readable data,
     the model's architecture is available."""
-    from reprlab.methods.otcclip.stream import open_source
+    from reprlab.methods.otcclip.defenses import REGISTRY
+    from reprlab.methods.otcclip.stream import check_clean_source, open_source
 
     if cfg.stream.source and cfg.stream.write_shards:
         raise ConfigError("give stream.source or stream.write_shards, not both")
-    if cfg.data.clean_finetune_pairs and streaming(cfg):
-        raise ConfigError("data.clean_finetune_pairs works on the in-memory testbed only, not with a stream")
+    sc = cfg.stream
+    if sc.clean_source and not streaming(cfg):
+        raise ConfigError(
+            "stream.clean_source needs a stream (stream.source or stream.write_shards); the in-memory testbed's "
+            "clean fine-tuning set is data.clean_finetune_pairs"
+        )
     d = cfg.defense
     if streaming(cfg) and "otcclip" in cfg.defenses:
         for key, value in (("match_schedule", "epoch_start"), ("own_negatives", "mask_text")):
@@ -332,6 +337,10 @@ def preflight(cfg: Config) -> None:
         )
     if cfg.stream.source:
         open_source(cfg.stream.source, cfg.stream.image_root)
+    if sc.clean_source:
+        clean = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+        if any(REGISTRY[d].clean_phases for d in cfg.defenses if d in REGISTRY):
+            check_clean_source(clean)  # only where a defense will train on it (it may read the whole source)
     if cfg.model.arch.startswith("open_clip:"):
         build_model(cfg.model, 2)  # raises ModelNotAvailableError saying why
     elif cfg.model.arch not in ("tiny", "hf_clip"):
@@ -382,7 +391,10 @@ def run(cfg: Config, run: Run) -> dict:
 # ---------------------------------------------------------------------- the streamed path
 def run_stream(cfg: Config, run: Run) -> dict:
     """Train every defense from a stream (``stream``'s docstring): the testbed written as shards by a first
-    stage (``stream.write_shards``) or the user's ``stream.source``; evaluate on the testbed's held-out sets."""
+    stage (``stream.write_shards``) or the user's ``stream.source``; evaluate on the testbed's held-out sets.
+    CleanCLIP's clean fine-tuning epochs stream ``stream.clean_source``, else (when a defense trains on it) the
+    testbed's ``data.clean_finetune_pairs`` set written as shards by a stage ``clean_shards``."""
+    from reprlab.methods.otcclip.defenses import REGISTRY
     from reprlab.methods.otcclip.shards import write_shards
     from reprlab.methods.otcclip.stream import ShardSource, open_source, vocabulary_texts
     from reprlab.train.dist import init_distributed
@@ -390,6 +402,7 @@ def run_stream(cfg: Config, run: Run) -> dict:
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     sc = cfg.stream
     bed = build_testbed(cfg.data, cfg.seed) if cfg.data.testbed != "none" else None
+    clean_source, clean_dir = None, None  # CleanCLIP's clean fine-tuning stream, if any
     if sc.write_shards:
         shard_dir = run.dir / "shards"
 
@@ -399,11 +412,15 @@ def run_stream(cfg: Config, run: Run) -> dict:
             return {"n_samples": len(bed.pairs), "shard_size": sc.shard_size}
 
         run.stage("shards", write)
-        if dist.enabled:
-            torch.distributed.barrier()  # rank 0 wrote them
-        source = ShardSource(shard_dir)
-    else:
-        source = open_source(sc.source, sc.image_root)
+    if sc.clean_source:  # the user's clean set replaces the testbed's
+        clean_source = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+    elif bed is not None and bed.clean is not None and any(REGISTRY[d].clean_phases for d in cfg.defenses):
+        clean_dir = _clean_shards(cfg, run, bed.clean)
+    if dist.enabled:
+        torch.distributed.barrier()  # rank 0 wrote the shards
+    source = ShardSource(run.dir / "shards") if sc.write_shards else open_source(sc.source, sc.image_root)
+    if clean_dir is not None:
+        clean_source = ShardSource(clean_dir)
     tok = build_tokenizer(cfg.model)
     if tok is None and sc.write_shards:
         tok = WordTokenizer.from_texts(bed.pairs.captions)  # the in-memory path's vocabulary
@@ -430,6 +447,10 @@ def run_stream(cfg: Config, run: Run) -> dict:
     if bed is not None:
         kinds = bed.pairs.kind if sc.write_shards else None
         data_info.update(_testbed_info(cfg, bed, kinds))
+    if clean_source is not None:
+        data_info["clean_source"] = str(sc.clean_source or clean_dir)
+    if clean_source is None or sc.clean_source:
+        data_info.pop("n_clean_finetune", None)  # the testbed's clean set is not streamed
     run.save_json("analysis/data.json", data_info)
     summary: dict[str, float | int | str] = {"n_pairs": n_samples}
     if "poison_rate" in data_info:
@@ -438,7 +459,9 @@ def run_stream(cfg: Config, run: Run) -> dict:
     for defense in cfg.defenses:
         res = run.stage(
             defense,
-            lambda d=defense: train_defense_stream(d, cfg, run, bed, tok, source, n_samples, channels, dist),
+            lambda d=defense: train_defense_stream(
+                d, cfg, run, bed, tok, source, n_samples, channels, dist, clean_source
+            ),
         )
         results[defense] = res["metrics"]
         run.save_json(f"analysis/examples_{defense}.json", res["examples"])
@@ -446,6 +469,25 @@ def run_stream(cfg: Config, run: Run) -> dict:
             summary[f"{defense}.{key}"] = value
     run.save_json("analysis/results.json", results)
     return summary
+
+
+def _clean_shards(cfg: Config, run: Run, clean: PairSet) -> Path:
+    """Stage ``clean_shards`` [ours]: the testbed's clean fine-tuning set (``data.clean_finetune_pairs``) as shards
+    in ``<run>/clean_shards``, the stream's clean source; run only when a defense trains on it (a resumed run
+    that adds one writes them then). Equal shards, a multiple of ``stream.slots`` of them (every slot gets a share
+    however small the set), at most ``stream.shard_size`` each."""
+    from reprlab.methods.otcclip.shards import clean_shard_size, write_shards
+
+    sc, out = cfg.stream, run.dir / "clean_shards"
+    size = clean_shard_size(len(clean), sc.shard_size, sc.slots)
+
+    def write() -> dict:
+        if run.is_main:
+            write_shards(clean, out, size, prefix="clean", shuffle_seed=cfg.seed)
+        return {"n_samples": len(clean), "shard_size": size}
+
+    run.stage("clean_shards", write)
+    return out
 
 
 def _source_channels(source, bed: Testbed | None) -> int:
@@ -488,14 +530,27 @@ def _testbed_info(cfg: Config, bed: Testbed, kinds: torch.Tensor | None) -> dict
     return out
 
 
-def train_defense_stream(defense, cfg: Config, run: Run, bed, tok, source, n_samples, channels, dist) -> dict:
-    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it."""
+def train_defense_stream(
+    defense, cfg: Config, run: Run, bed, tok, source, n_samples, channels, dist, clean_source=None
+) -> dict:
+    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it;
+    ``clean_source``: CleanCLIP's clean fine-tuning stream (``stream.clean_source`` or the written clean set)."""
     from reprlab.methods.otcclip.stream import StreamTrainer
 
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     model = build_model(cfg.model, len(tok), channels).to(run.device)
     trainer = StreamTrainer(
-        model, source, tok, defense, cfg.train, cfg.defense, cfg.seed, cfg.stream, n_samples, dist=dist
+        model,
+        source,
+        tok,
+        defense,
+        cfg.train,
+        cfg.defense,
+        cfg.seed,
+        cfg.stream,
+        n_samples,
+        dist=dist,
+        clean=clean_source,
     )
     final = _fit(defense, cfg, run, trainer, model, tok, bed, final_loss=True)
     return {"metrics": final, "examples": trainer.examples}

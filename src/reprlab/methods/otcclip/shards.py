@@ -7,7 +7,7 @@ first dot): ``{key}.png`` (lossless PNG, greyscale or RGB), ``{key}.txt`` (the c
 diagnostics, never seen by a defense). Shards are written with the standard library's ``tarfile`` (no
 webdataset dependency), with fixed member metadata so the same pairs give byte-identical shards, and each
 shard is written under a temporary name and renamed, so a crash never leaves a truncated ``.tar``.
-``manifest.json`` lists the shards, the sample count and the class names.
+``manifest.json`` lists the shards, the sample count, the count of poisoned samples and the class names.
 
 :class:`ShardStream` is a ``torch.utils.data.IterableDataset``: its shards are split across ranks, then
 across DataLoader workers, and each worker reads its shards sequentially in tar streaming mode, one sample
@@ -103,6 +103,7 @@ def write_shards(
         paths.append(path)
     manifest = {
         "n_samples": len(pairs),
+        "n_poisoned": int((pairs.kind != 0).sum()),  # provenance: a clean fine-tuning source must have 0
         "shard_size": shard_size,
         "shards": [p.name for p in paths],
         "class_names": list(pairs.class_names),
@@ -110,6 +111,13 @@ def write_shards(
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return paths
+
+
+def clean_shard_size(n: int, shard_size: int, slots: int) -> int:
+    """Samples per shard that split ``n`` samples into a multiple of ``slots`` shards of at most ``shard_size``
+    (the last one may be short), so that every stream slot gets a share of a small clean fine-tuning set."""
+    n_shards = -(-max(1, -(-n // shard_size)) // slots) * slots  # ceil(n / shard_size), rounded up to slots
+    return max(1, -(-n // n_shards))
 
 
 def shard_paths(source: Path | str) -> list[Path]:

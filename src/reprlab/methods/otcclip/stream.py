@@ -26,6 +26,16 @@ Hugging Face adapter: its processor's mean and std; the open_clip adapter: its m
 size, whose ``resize_mode='shortest'`` + bicubic this decode matches). An image already at the input size is not resampled, so
 shards of our mosaics stream back the exact pixels.
 
+**Clean fine-tuning source** [ours]. ``stream.clean_source`` (same formats as ``stream.source``) is CleanCLIP's
+known-clean set on the streamed path, as ``data.clean_finetune_pairs`` is in memory: epochs whose phase is in the
+defense's ``clean_phases`` stream it instead of ``stream.source``, through the same slots, workers and windows.
+Such an epoch keeps the schedule's ``steps_per_epoch`` (the lr schedule is unchanged): the clean source is
+streamed in passes until that many steps were taken, pass ``p > 0`` with the shard order and shuffle buffer
+seeded by (seed, epoch, p), and window ``k`` of every pass permuted by the next draw of one generator seeded by
+(seed, epoch, k). So with one window covering the clean set each pass is a fresh permutation drawn exactly as the
+in-memory trainer cycles its clean set, and both give bitwise-equal weights (tested). Defenses without clean
+phases never open it. A clean window holding an item whose provenance says poisoned stops training.
+
 Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON) are
 skipped and counted per reason; the counts are logged per epoch as ``data_skipped_<reason>``.
 """
@@ -71,12 +81,24 @@ class StreamConfig:
             "(as `reprlab otcclip make-shards`) and train by streaming them"
         },
     )
+    clean_source: str = field(
+        default="",
+        metadata={
+            "help": "[ours] CleanCLIP's clean fine-tuning data, streamed instead of stream.source in the defense's "
+            "clean phases (same formats; e.g. `reprlab otcclip make-shards --clean-finetune-pairs`); other "
+            "defenses ignore it; replaces the testbed's data.clean_finetune_pairs set (which, when this is '', "
+            "is written as shards and streamed); '' and no such set = fine-tune on stream.source"
+        },
+    )
     shard_size: int = field(
         default=265, metadata={"help": "samples per shard written by write_shards", "ge": 1}
     )
     image_root: str = field(
         default="",
-        metadata={"help": "folder a table's image paths are relative to ('' = the table's folder)"},
+        metadata={
+            "help": "folder a table's image paths are relative to, for stream.source and stream.clean_source "
+            "('' = each table's own folder)"
+        },
     )
     slots: int = field(
         default=2,
@@ -175,11 +197,15 @@ class ShardSource:
     def __len__(self) -> int:
         return len(self.shards)
 
-    def items(self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter):
-        """``(name, image bytes, caption, metadata)`` of the slot's shards; unreadable members are counted."""
+    def items(
+        self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter, cycle: int = 0
+    ):
+        """``(name, image bytes, caption, metadata)`` of the slot's shards; unreadable members are counted.
+        ``cycle``: the pass over a cycled clean source (0 = the epoch's first, whose order is the usual one)."""
         order = list(range(len(self.shards)))
         if shuffle:
-            order = np.random.default_rng([seed, epoch]).permutation(order).tolist()
+            key = [seed, epoch] if cycle == 0 else [seed, epoch, cycle]
+            order = np.random.default_rng(key).permutation(order).tolist()
         for i in order[slot::slots]:
             path = self.shards[i]
             try:
@@ -196,14 +222,30 @@ class ShardSource:
             except (OSError, EOFError, sh.tarfile.TarError):
                 skip["unreadable_shard"] += 1
 
+    def manifest(self) -> dict | None:
+        """manifest.json of the shards' folder when it lists exactly these shards, else ``None``."""
+        path = self.shards[0].parent / sh.MANIFEST
+        if path.exists():
+            m = json.loads(path.read_text())
+            if sorted(m.get("shards", [])) == sorted(p.name for p in self.shards):
+                return m
+        return None
+
     def count(self) -> int:
         """Samples in the shards: manifest.json's count when present, else one pass over the members."""
-        manifest = self.shards[0].parent / sh.MANIFEST
-        if manifest.exists():
-            m = json.loads(manifest.read_text())
-            if sorted(m.get("shards", [])) == sorted(p.name for p in self.shards):
-                return int(m["n_samples"])
+        if (m := self.manifest()) is not None:
+            return int(m["n_samples"])
         return sum(1 for p in self.shards for _ in sh.read_members(p))
+
+    def n_poisoned(self) -> int:
+        """Samples whose provenance (``kind`` != 0 in the ``.json`` member) says poisoned: manifest.json's
+        ``n_poisoned`` when present, else one pass over the members (no image decoded)."""
+        if (m := self.manifest()) is not None and "n_poisoned" in m:
+            return int(m["n_poisoned"])
+        n = 0
+        for _, _, _, meta in self.items(0, 1, 0, 0, False, Counter()):
+            n += int(meta.get("kind", 0)) != 0
+        return n
 
     def captions(self, limit: int) -> list[str]:
         out: list[str] = []
@@ -286,7 +328,10 @@ class TableSource:
         finally:
             csv.field_size_limit(big)
 
-    def items(self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter):
+    def items(
+        self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter, cycle: int = 0
+    ):
+        """Rows ``i % slots == slot`` in file order (a table has no shard order: ``shuffle``/``cycle`` unused)."""
         for n, path, cap in self._rows(skip if slot == 0 else Counter()):  # row-level skips counted once
             if n % slots != slot:
                 continue
@@ -297,6 +342,10 @@ class TableSource:
 
     def count(self) -> int:
         return sum(1 for _ in self._rows(Counter()))
+
+    def n_poisoned(self) -> int:
+        """A table carries no provenance: nothing is known to be poisoned."""
+        return 0
 
     def captions(self, limit: int) -> list[str]:
         out: list[str] = []
@@ -336,6 +385,24 @@ def open_source(source: str | Path, image_root: str = "", key: str = "stream.sou
     raise DataError(f"{key}: {path} is not a .tar shard, a folder of them or a .csv/.tsv/.jsonl table")
 
 
+def check_clean_source(source, key: str = "stream.clean_source") -> None:
+    """Refuse a clean fine-tuning source whose provenance says it holds poisoned items (as the in-memory trainer
+    refuses a clean set with poisoned pairs); a source without provenance (a table, shards without ``kind``)
+    passes.
+
+    Raises:
+        DataError: naming ``key``, the source and the poisoned count.
+    """
+    n = source.n_poisoned()
+    if n:
+        raise DataError(
+            f"{key}: {source.name} holds {n} poisoned items (provenance kind != 0); a clean fine-tuning set "
+            "must be clean",
+            hint="write one with `reprlab otcclip make-shards OUT --clean-finetune-pairs N` or point "
+            f"{key} at data you know to be clean",
+        )
+
+
 # ---------------------------------------------------------------------- the worker-side dataset
 class SlotStream(IterableDataset):
     """Minibatches of one rank's slots (module docstring). Each item is a dict: ``slot``, ``round``,
@@ -352,17 +419,23 @@ class SlotStream(IterableDataset):
         # shared memory: persistent DataLoader workers hold a copy of this dataset made when they started, and
         # read the epoch from here each time an epoch's iteration starts
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+        self._cycle = torch.zeros((), dtype=torch.long).share_memory_()  # the pass over a cycled clean source
 
     @property
     def epoch(self) -> int:
         return int(self._epoch)
 
-    def set_epoch(self, epoch: int) -> None:
+    @property
+    def cycle(self) -> int:
+        return int(self._cycle)
+
+    def set_epoch(self, epoch: int, cycle: int = 0) -> None:
         self._epoch.fill_(epoch)
+        self._cycle.fill_(cycle)
 
     def _samples(self, slot: int, skip: Counter) -> Iterator[tuple[torch.Tensor, str, dict]]:
         for _name, image, caption, meta in self.source.items(
-            slot, self.n_slots, self.seed, self.epoch, self.shuffle_shards, skip
+            slot, self.n_slots, self.seed, self.epoch, self.shuffle_shards, skip, self.cycle
         ):
             if caption is None:
                 skip["missing_caption"] += 1
@@ -388,7 +461,8 @@ class SlotStream(IterableDataset):
         if self.shuffle_buffer <= 0:
             yield from samples
             return
-        rng = np.random.default_rng([self.seed, self.epoch, slot, 17])
+        key = [self.seed, self.epoch, slot, 17] + ([self.cycle] if self.cycle else [])
+        rng = np.random.default_rng(key)
         yield from sh.buffered_shuffle(samples, self.shuffle_buffer, rng)
 
     def _batch(self, slot: int, rnd: int, rows: list, skip: Counter) -> dict:
@@ -469,12 +543,16 @@ class StreamTrainer(Trainer):
         source: a :class:`ShardSource` or :class:`TableSource`.
         stream: slots, workers, window, shuffling and the schedule's sample count.
         n_samples: samples per epoch for the schedule (``stream.n_samples`` or a count of the source).
+        clean: [ours] CleanCLIP's clean fine-tuning source (a :class:`ShardSource` or :class:`TableSource`,
+            ``stream.clean_source``): streamed instead of ``source`` in the defense's ``clean_phases``, cycled to
+            ``steps_per_epoch`` steps (module docstring); ignored by defenses without such phases; ``None``
+            (default) streams ``source`` throughout, exactly as before.
     """
 
     in_memory = False
 
     def __init__(self, model, source, tokenizer, defense, train, defense_cfg, seed: int,
-                 stream: StreamConfig, n_samples: int, dist=None):  # fmt: skip
+                 stream: StreamConfig, n_samples: int, dist=None, clean=None):  # fmt: skip
         self._setup(model, tokenizer, defense, train, defense_cfg, seed, dist)
         d, sc = self.dist, stream
         if train.batch_size % sc.slots:
@@ -487,73 +565,113 @@ class StreamTrainer(Trainer):
         # the data order depends on the slots only, so fewer workers change nothing but speed: take the largest
         # count <= num_workers that splits this rank's slots evenly (a rank with 1 slot gets 1 worker)
         self.num_workers = max((w for w in range(1, sc.num_workers + 1) if local % w == 0), default=0)
-        if isinstance(source, ShardSource) and len(source) < sc.slots:
-            raise ConfigError(
-                f"stream.slots {sc.slots} exceeds the {len(source)} shards of {source.name}: a slot would be empty"
-            )
-        self.scfg, self.source = sc, source
+        # the clean source only where the defense trains on it: other defenses never open it (bit-identical)
+        clean = clean if self.impl.clean_phases else None
+        for key, src in (("stream.source", source), ("stream.clean_source", clean)):
+            if isinstance(src, ShardSource) and len(src) < sc.slots:
+                raise ConfigError(
+                    f"stream.slots {sc.slots} exceeds the {len(src)} shards of {key} {src.name}: a slot would be "
+                    "empty"
+                )
+        self.scfg, self.source, self.clean_source = sc, source, clean
         slots = list(range(d.rank * local, (d.rank + 1) * local))
         self.local_slots = slots
-        self.stream = SlotStream(source, slots, sc.slots, train.batch_size // sc.slots, model_transform(model),
-                                 tokenizer, self.max_len, seed, sc.shuffle_shards, sc.shuffle_buffer)  # fmt: skip
+
+        def slot_stream(src) -> SlotStream:
+            return SlotStream(src, slots, sc.slots, train.batch_size // sc.slots, model_transform(model),
+                              tokenizer, self.max_len, seed, sc.shuffle_shards, sc.shuffle_buffer)  # fmt: skip
+
+        self.stream = slot_stream(source)
+        self.clean_stream = slot_stream(clean) if clean is not None else None
         self.steps_per_epoch = max(1, n_samples // train.batch_size)  # the schedule's estimate
         self.data = Window(*(torch.zeros(0) for _ in range(6)), tokenizer)
         self.ids, self.mask, self.poison = self.data.ids, self.data.mask, self.data.kind
         self.state = _NoState(0)
         self.skipped: Counter = Counter()
         self._loader: DataLoader | None = None
+        self._clean_loader: DataLoader | None = None
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model, "bank": self.bank}  # the window's SafeCLIP mask is rebuilt per window
 
     def global_batches(self, epoch: int, phase: str, stats: dict):
-        """Windows of the stream, each shuffled and cut into global batches (module docstring)."""
-        self.stream.set_epoch(
-            epoch
-        )  # before iter(): workers (new or persistent) read it when their epoch starts
-        loader = self._data_loader()
-        it, pending, ended = iter(loader), {s: deque() for s in self.local_slots}, set()
+        """Windows of the stream, each shuffled and cut into global batches (module docstring). In the defense's
+        clean phases with a clean source: that source, in passes until ``steps_per_epoch`` steps were taken."""
+        clean = self.clean_stream is not None and phase in self.impl.clean_phases
+        stream = self.clean_stream if clean else self.stream
         self.skipped = Counter()
         split: dict[str, list] = {}
-        b, step, w = self.tcfg.batch_size, 0, 0
-        while (window := self._next_window(it, pending, ended)) is not None:
-            self._set_window(window)
-            n = len(self.data)
-            start = self.impl.start_epoch(self, epoch, phase)
-            for k, v in start.items():
-                split.setdefault(k, []).append((v, n))
-            if "poison_in_risky" in start:  # exact over windows, not a mean of window shares
-                split.setdefault("_risky", []).append(
-                    (int((~self.state.safe.cpu() & self.poison).sum()), int(self.poison.sum()))
+        b, step, w, cycle = self.tcfg.batch_size, 0, 0, 0
+        # one permutation generator per window position, kept across passes: pass 0 draws exactly the
+        # pre-training rule's permutation, a later pass the generator's next one (as the in-memory trainer's cycling)
+        gens: dict[int, torch.Generator] = {}
+        while True:
+            # before iter(): workers (new or persistent) read it when their iteration starts
+            stream.set_epoch(epoch, cycle)
+            loader = self._data_loader(clean)
+            it, pending, ended = iter(loader), {s: deque() for s in self.local_slots}, set()
+            first, k = step, 0
+            while (window := self._next_window(it, pending, ended)) is not None:
+                self._set_window(window)
+                if clean and bool(self.poison.any()):
+                    raise DataError(
+                        f"the clean fine-tuning source {self.clean_source.name} holds poisoned items (provenance "
+                        f"kind != 0) in epoch {epoch}; a clean fine-tuning set must be clean"
+                    )
+                n = len(self.data)
+                start = self.impl.start_epoch(self, epoch, phase)
+                for key, v in start.items():
+                    split.setdefault(key, []).append((v, n))
+                if "poison_in_risky" in start:  # exact over windows, not a mean of window shares
+                    split.setdefault("_risky", []).append(
+                        (int((~self.state.safe.cpu() & self.poison).sum()), int(self.poison.sum()))
+                    )
+                if k not in gens:
+                    gens[k] = torch.Generator().manual_seed(self.seed * 7919 + epoch + 1_000_003 * k)
+                order = torch.randperm(n, generator=gens[k])
+                for j in range(n // b):
+                    if clean and step == self.steps_per_epoch:
+                        break
+                    yield order[j * b : (j + 1) * b]
+                    step += 1
+                w, k = w + 1, k + 1
+                if clean and step == self.steps_per_epoch:
+                    break
+            del it, loader  # ends non-persistent workers; persistent ones wait for the next epoch (or pass)
+            if not clean or step == self.steps_per_epoch:
+                break
+            if step == first:  # would cycle forever
+                raise DataError(
+                    f"the clean fine-tuning source {self.clean_source.name} gives no full global batch of "
+                    f"{b} (train.batch_size) in {self.scfg.slots} slots: too few valid items"
                 )
-            order = torch.randperm(
-                n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch + 1_000_003 * w)
-            )
-            for j in range(n // b):
-                yield order[j * b : (j + 1) * b]
-                step += 1
-            w += 1
-        del it, loader  # ends non-persistent workers; persistent ones wait for the next epoch
-        for k, vals in split.items():
-            if not k.startswith("_"):
-                stats[k] = float(sum(v * n for v, n in vals) / max(1, sum(n for _, n in vals)))
+            cycle += 1
+        for key, vals in split.items():
+            if not key.startswith("_"):
+                stats[key] = float(sum(v * n for v, n in vals) / max(1, sum(n for _, n in vals)))
         if "_risky" in split:
             risky, n_p = (sum(x) for x in zip(*split["_risky"]))
             stats["poison_in_risky"] = risky / n_p if n_p else float("nan")
         stats["data_windows"] = w
         stats["data_steps"] = step
+        if clean:
+            stats["data_clean_passes"] = cycle + 1
         stats.update({f"data_skipped_{k}": v for k, v in sorted(self.skipped.items())})
 
-    def _data_loader(self) -> DataLoader:
-        """This epoch's loader: with ``stream.persistent_workers`` (and workers) one loader whose worker processes
-        serve every epoch, else a new one (workers started and ended per epoch)."""
+    def _data_loader(self, clean: bool = False) -> DataLoader:
+        """This epoch's loader of the training (or, ``clean``, the clean) stream: with ``stream.persistent_workers``
+        (and workers) one loader per stream whose worker processes serve every epoch, else a new one (workers
+        started and ended per epoch)."""
+        stream = self.clean_stream if clean else self.stream
         if not (self.num_workers and self.scfg.persistent_workers):
-            return DataLoader(self.stream, batch_size=None, num_workers=self.num_workers)
-        if self._loader is None:
-            self._loader = DataLoader(
-                self.stream, batch_size=None, num_workers=self.num_workers, persistent_workers=True
+            return DataLoader(stream, batch_size=None, num_workers=self.num_workers)
+        attr = "_clean_loader" if clean else "_loader"
+        if getattr(self, attr) is None:
+            loader = DataLoader(
+                stream, batch_size=None, num_workers=self.num_workers, persistent_workers=True
             )
-        return self._loader
+            setattr(self, attr, loader)
+        return getattr(self, attr)
 
     def _next_window(self, it, pending: dict, ended: set) -> dict | None:
         """Pull this rank's minibatches until every local slot has a window's worth (or ran out), agree with
