@@ -224,13 +224,12 @@ def otc_rematch(
         dup[:, 1:] = top_idx[:, 1:] == top_idx[:, :1]
         if bool(dup.any()):
             solve = ~dup.reshape(-1)
-            full_cost = cost
-            cost = lambda _x, _y: full_cost(None, tokens)[solve]  # noqa: E731
-    rows = slice(None) if solve is None else solve
+            cost = _subset_cost(cost, tokens, solve)
+    pick = slice(None) if solve is None else solve
     n_solve = batch * k if solve is None else int(solve.sum())
     x = patches.new_zeros(()).expand(n_solve, n, d)
-    xm_s = None if xm is None else xm[rows]
-    solved = ot_solve(x, tokens[rows], xm_s, mask[rows, :width], ot, matching=True, cost=cost)
+    xm_s = None if xm is None else xm[pick]
+    solved = ot_solve(x, tokens[pick], xm_s, mask[pick, :width], ot, matching=True, cost=cost)
     err, conv = solved.marginal_error, solved.converged
     if solve is None:
         dist = solved.cost.view(batch, k)
@@ -256,6 +255,16 @@ def otc_rematch(
         err.view(batch, k),
         conv.view(batch, k),
     )
+
+
+def _subset_cost(full_cost, tokens: torch.Tensor, solve: torch.Tensor):
+    """Cost builder for the problems ``solve (batch * k,)`` only: ``full_cost`` (a :func:`_shared_patch_cost`)
+    on all candidates ``tokens``, then those rows (the shared products are cheap next to the solve)."""
+
+    def cost(_x: torch.Tensor, _y: torch.Tensor) -> torch.Tensor:
+        return full_cost(None, tokens)[solve]
+
+    return cost
 
 
 def _shared_patch_cost(patches: torch.Tensor, k: int):

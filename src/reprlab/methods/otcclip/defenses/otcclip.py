@@ -375,9 +375,8 @@ class OTCCLIP(Defense):
                     own_grad = model.encode_text(b.ids1, b.mask1)
                 txt = merge_rows(kept, own_grad, txt)
                 keep = kept if c.matched_text == "drop" else None
-            elif (
-                fuse and views is None
-            ):  # own captions encoded without gradient for the pool: encode both views
+            elif fuse and views is None:
+                # the own captions were encoded without gradient for the pool: encode both views here
                 ids, mask = cat_padded([b.ids1[sub], b.ids2[sub]], [b.mask1[sub], b.mask2[sub]])
                 views = (img2, *split_rows(model.encode_text(ids, mask), len(sub)))
         elif fuse:
