@@ -356,3 +356,25 @@ def test_shards_recipe_streams_cleanclip_fine_tuning_from_the_written_clean_set(
     assert (log[1]["phase"], log[1]["data_steps"], log[1]["data_clean_passes"]) == ("cleanclip", 8, 4)
     data = json.loads((run.dir / "analysis" / "data.json").read_text())
     assert data["clean_source"] == str(tmp_path / "r" / "clean_shards") and "n_clean_finetune" not in data
+
+
+@pytest.mark.slow  # two torchrun ranks and one process, each importing torch: ~1-2 min on the loaded 2-core machine
+def test_two_torchrun_ranks_fine_tune_on_the_clean_stream_like_one_process(items, tmp_path):
+    """CleanCLIP over shards with a clean source, 4 slots: epoch 0 pre-trains on the poisoned shards, epochs 1-2
+    fine-tune on the clean shards (cycled to the schedule's steps); one process with 2 DataLoader workers against
+    torchrun with 2 gloo ranks x 1 worker, each reading half of each set."""
+    from .torchrun_compare import one_vs_two_ranks
+
+    shards = _write(_data(items, 32), tmp_path / "shards", shard_size=4)
+    clean = _write(_clean_mosaics(items, 24), tmp_path / "clean", shard_size=3)  # 8 shards: 2 per slot
+    worker = Path(__file__).parent / "stream_worker.py"
+    one, two = one_vs_two_ranks(worker, shards, tmp_path, extra=("tiny", str(clean)), defense="cleanclip")
+    assert [s["phase"] for s in one["stats"]] == ["clip", "cleanclip", "cleanclip"]
+    for a, b in zip(one["stats"][1:], two["stats"][1:]):
+        assert a["data_clean_passes"] == b["data_clean_passes"] >= 1
+        assert b["loss_inmodal"] == pytest.approx(a["loss_inmodal"], rel=1e-4)
+    moved = 0.0
+    for name, w in one["state"].items():
+        assert torch.allclose(two["state"][name], w, atol=1e-4, rtol=0), name  # as the OTCCLIP DDP test
+        moved += float((w - one["init"][name]).abs().sum())
+    assert moved > 1e-2  # training changed the weights: the comparison is not vacuous

@@ -1,6 +1,7 @@
 """One process against ``torchrun --nproc_per_node 2`` (gloo) on the same shards: the shared half of the streamed
-trainer's DDP tests (test_stream.py for TinyCLIP, test_openclip.py for an open_clip model). The worker script
-trains OTCCLIP for 2 epochs and saves ``{"world", "stats", "init", "state"}``."""
+trainer's DDP tests (test_stream.py for TinyCLIP, test_openclip.py for an open_clip model,
+test_stream_clean_set.py for CleanCLIP's clean stream). The worker script trains OTCCLIP for 2 epochs (or
+CleanCLIP) and saves ``{"world", "stats", "init", "state"}``."""
 
 from __future__ import annotations
 
@@ -16,11 +17,18 @@ ROOT = Path(__file__).parents[3]
 
 
 def one_vs_two_ranks(
-    worker: Path, shards: Path, out: Path, timeout: int = 600, extra: tuple[str, ...] = ()
+    worker: Path,
+    shards: Path,
+    out: Path,
+    timeout: int = 600,
+    extra: tuple[str, ...] = (),
+    defense: str = "otcclip",
 ) -> tuple[dict, dict]:
     """Run ``worker`` as one process with 2 DataLoader workers and as 2 gloo ranks x 1 worker; check that both
     logged the same epochs (the CLIP term over the gathered batch to 1e-5 relative, the rank-averaged total to
-    1e-4, the data and re-matching counts exactly); return both saved results. ``extra``: more worker arguments."""
+    1e-4, the data and re-matching counts exactly); return both saved results. ``extra``: more worker arguments;
+    ``defense``: the one the worker trains (``otcclip``: its second epoch must be a re-matching epoch that saw
+    the 4 poisons)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     runs = {
         "one": [sys.executable, str(worker), str(shards), str(out / "one.pt"), "2", *extra],
@@ -34,8 +42,11 @@ def one_vs_two_ranks(
         res[name] = torch.load(out / f"{name}.pt")
     one, two = res["one"], res["two"]
     assert two["world"] == 2 and one["world"] == 1
-    assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
+    if defense == "otcclip":
+        assert one["stats"][1]["phase"] == "otc_match" and one["stats"][1]["n_poison_seen"] == 4
+    assert len(one["stats"]) == len(two["stats"])
     for a, b in zip(one["stats"], two["stats"]):
+        assert a["phase"] == b["phase"]
         # the CLIP term is over the gathered global batch, the OT terms are rank-local means (averaged over ranks
         # for the log): float32 sums in another order, measured <= 8e-7 relative
         assert b["loss_clip"] == pytest.approx(a["loss_clip"], rel=1e-5)
