@@ -289,22 +289,34 @@ def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
     cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
     straight = _stream_trainer(pairs, tmp_path, "otcclip", cfg)
     straight.run_epoch(0)
-    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
-    opt = straight.opt.state_dict()
-    opt = {
-        "state": {k: {n: t.clone() for n, t in v.items()} for k, v in opt["state"].items()},
-        "param_groups": opt["param_groups"],
-    }
+    saved = checkpoint(straight)
     a = straight.run_epoch(1)
     resumed = _stream_trainer(pairs, tmp_path, "otcclip", cfg)
-    assert set(saved) == set(resumed.modules()) == {"model", "bank"}
-    for k, m in resumed.modules().items():
-        m.load_state_dict(saved[k])
-    resumed.opt.load_state_dict(opt)
+    assert set(saved[0]) == set(resumed.modules()) == {"model", "bank"}
+    restore(resumed, saved)
     b = resumed.run_epoch(1)
     assert a["phase"] == "otc_match" and a["loss"] == b["loss"]
     for (name, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def checkpoint(trainer) -> tuple[dict, dict]:
+    """Copies of what a checkpoint holds: the trainer's modules' state dicts and its optimiser's."""
+    modules = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in trainer.modules().items()}
+    opt = trainer.opt.state_dict()
+    opt = {
+        "state": {k: {n: t.clone() for n, t in v.items()} for k, v in opt["state"].items()},
+        "param_groups": opt["param_groups"],
+    }
+    return modules, opt
+
+
+def restore(trainer, saved: tuple[dict, dict]) -> None:
+    """Load a :func:`checkpoint` into a fresh trainer, as a resumed run does."""
+    modules, opt = saved
+    for k, m in trainer.modules().items():
+        m.load_state_dict(modules[k])
+    trainer.opt.load_state_dict(opt)
 
 
 def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_path):

@@ -32,7 +32,7 @@ from reprlab.methods.otcclip.trainer import DefenseConfig
 
 from .planted import TRAIN, PlantedCLIP, planted_pairs
 from .test_cleanclip_clean_set import _clean_mosaics, _expected, _mosaic_trainer, clean_planted
-from .test_stream import _stream_trainer
+from .test_stream import _stream_trainer, checkpoint, restore
 from .test_trainer import DCFG, _data
 
 CLEAN_DCFG = replace(DCFG, cleanclip_start_epoch=1)  # epoch 0 pre-trains (phase clip), later epochs fine-tune
@@ -143,18 +143,11 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_stream(items, 
 
     straight = trainer()
     straight.run_epoch(0)
-    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
-    opt = straight.opt.state_dict()
-    opt = {
-        "state": {k: {n: t.clone() for n, t in v.items()} for k, v in opt["state"].items()},
-        "param_groups": opt["param_groups"],
-    }
+    saved = checkpoint(straight)
     for e in (1, 2):
         assert straight.run_epoch(e)["data_clean_passes"] == 2
     resumed = trainer()
-    for k, m in resumed.modules().items():
-        m.load_state_dict(saved[k])
-    resumed.opt.load_state_dict(opt)
+    restore(resumed, saved)
     for e in (1, 2):
         resumed.run_epoch(e)
     _weights_equal(straight, resumed)
