@@ -257,7 +257,12 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
 
     from .test_recipe import _cfg
 
-    for opt in ("defense.match_schedule=epoch_start", "defense.own_negatives=mask_text"):
+    for opt in (
+        "defense.match_schedule=epoch_start",
+        "defense.own_negatives=mask_text",
+        "defense.own_negatives=mask_own",  # pair indices of a window mean nothing in the next
+        "defense.reassigned_weight=0.5",
+    ):
         with pytest.raises(ConfigError, match="in-memory trainer only"):
             recipe.preflight(_cfg(["stream.write_shards=true", "data.clean_finetune_pairs=0", opt]))
         recipe.preflight(_cfg([opt]))  # in memory: fine
@@ -265,5 +270,19 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
     d = make_defense("otcclip", DefenseConfig(match_schedule="epoch_start"))
     with pytest.raises(ConfigError, match="needs the in-memory trainer"):
         d.start_epoch(SimpleNamespace(in_memory=False), 2, "otc_match")
+    for cfg in (DefenseConfig(own_negatives="mask_own"), DefenseConfig(reassigned_weight=0.5)):
+        with pytest.raises(ConfigError, match="needs the in-memory trainer"):
+            make_defense("otcclip", cfg).start_epoch(SimpleNamespace(in_memory=False), 0, "otc")
     with pytest.raises(ConfigError, match="matched_text=pool only"):
         make_defense("otcclip", DefenseConfig(match_schedule="epoch_start", matched_text="kept_grad"))
+
+
+def test_the_bank_records_caption_provenance_whenever_an_option_compares_it():
+    """``own_negatives`` and ``reassigned_weight`` both compare the training pair a bank caption came from with
+    the image's own; without the record every bank pick counts as another pair's caption (so with
+    ``reassigned_weight`` alone a bank copy of the own caption was down-weighted as re-assigned)."""
+    assert not hasattr(_planted().bank, "loc")  # default: checkpoints keep their keys
+    for opts in ({"own_negatives": "mask_own"}, {"reassigned_weight": 0.5}):
+        tr = _planted(**opts)
+        tr.step(ALL, 0, 0, "otc")  # a non-matching step enqueues the batch with its pairs
+        assert torch.equal(tr.bank.loc[:16], torch.arange(16)), opts

@@ -52,11 +52,14 @@ class CaptionBank(nn.Module):
         return int(self.count)
 
     @torch.no_grad()
-    def enqueue(self, ids, mask, global_, tokens, sig, poison) -> None:
-        """Append a batch (oldest entries are overwritten); all arguments have leading dim ``batch``."""
+    def enqueue(self, ids, mask, global_, tokens, sig, poison, loc=None) -> None:
+        """Append a batch (oldest entries are overwritten); all arguments have leading dim ``batch``. ``loc``: the
+        training pairs the captions came from, recorded when the bank tracks them (``track_loc``)."""
         n = min(len(ids), self.capacity)
         ids, mask, global_, tokens, sig, poison = (t[-n:] for t in (ids, mask, global_, tokens, sig, poison))
         slots = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.capacity
+        if loc is not None and hasattr(self, "loc"):
+            self.loc[slots] = loc[-n:]
         pos = ids.shape[1]
         self.ids[slots] = 0
         self.mask[slots] = False

@@ -313,6 +313,7 @@ def preflight(cfg: Config) -> None:
     """Checks that need no work, before a run folder exists: the stream's source exists and is readable data,
     the model's architecture is available."""
     from reprlab.methods.otcclip.defenses import REGISTRY
+    from reprlab.methods.otcclip.defenses.otcclip import whole_set_options
     from reprlab.methods.otcclip.stream import check_clean_source, open_source
 
     if cfg.stream.source and cfg.stream.write_shards:
@@ -324,12 +325,8 @@ def preflight(cfg: Config) -> None:
             "clean fine-tuning set is data.clean_finetune_pairs"
         )
     d = cfg.defense
-    if streaming(cfg) and "otcclip" in cfg.defenses:
-        for key, value in (("match_schedule", "epoch_start"), ("own_negatives", "mask_text")):
-            if getattr(d, key) == value:
-                raise ConfigError(
-                    f"defense.{key}={value} works with the in-memory trainer only, not with a stream"
-                )
+    if streaming(cfg) and "otcclip" in cfg.defenses and (opts := whole_set_options(d)):
+        raise ConfigError(f"{', '.join(opts)} works with the in-memory trainer only, not with a stream")
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(
             "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "

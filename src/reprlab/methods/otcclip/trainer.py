@@ -213,7 +213,8 @@ class Trainer:
             defense_cfg.bank_size,
             self.max_len,
             model.cfg.embed_dim,
-            track_loc=defense_cfg.own_negatives != "keep",
+            # which training pair each slot's caption came from: what own_negatives and reassigned_weight compare
+            track_loc=defense_cfg.own_negatives != "keep" or defense_cfg.reassigned_weight != 1.0,
         ).to(self.device)
         shard(train.batch_size, self.dist.rank, self.dist.world_size)  # validates divisibility
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos" not in n and "cls" not in n]
@@ -373,13 +374,15 @@ class Trainer:
         defenses without a bank."""
         if not self.impl.uses_bank:
             return
+        pairs = all_gather_nograd(loc)  # the global batch's training pairs, rank by rank
         self.bank.enqueue(
             all_gather_nograd(ids),
             all_gather_nograd(mask),
             all_gather_nograd(txt.global_.detach()),
             all_gather_nograd(txt.tokens.detach()),
-            self.data.sig[all_gather_nograd(loc)].to(self.device),
-            self.poison[all_gather_nograd(loc)].to(self.device),
+            self.data.sig[pairs].to(self.device),
+            self.poison[pairs].to(self.device),
+            loc=pairs.to(self.device),
         )
 
     # ------------------------------------------------------------------ diagnostics

@@ -38,6 +38,21 @@ from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 POOL_SKIPS_INTRA_ROWS = True
 
 
+def whole_set_options(cfg) -> list[str]:
+    """The [ours] options (``key=value``) that key on training-pair indices, i.e. positions in the whole training
+    set: ``match_schedule='epoch_start'`` re-matches every pair, ``own_negatives`` and ``reassigned_weight``
+    compare the pair a caption came from with the image's own. A streaming trainer indexes its current window
+    only, so these need the in-memory trainer (checked at preflight and by the defense)."""
+    out = []
+    if cfg.match_schedule == "epoch_start":
+        out.append("defense.match_schedule=epoch_start")
+    if cfg.own_negatives != "keep":
+        out.append(f"defense.own_negatives={cfg.own_negatives}")
+    if cfg.reassigned_weight != 1.0:
+        out.append(f"defense.reassigned_weight={cfg.reassigned_weight:g}")
+    return out
+
+
 @register
 class OTCCLIP(Defense):
     name = "otcclip"
@@ -59,18 +74,6 @@ class OTCCLIP(Defense):
         return self.cfg.match_lr_scale if phase == "otc_match" else 1.0
 
     # ---------------------------------------------------------------- fourth-pass options [ours]
-    def _enqueue(self, tr, b: Batch, txt: TextFeatures) -> None:
-        """``tr.enqueue`` the batch, and (with ``own_negatives``) record in the bank's ``loc`` which training pair
-        each slot's caption came from, so bank copies of an image's own caption are recognised, also after a
-        resume (the bank is checkpointed). The bank is a FIFO of the global batches (same on every rank)."""
-        bank = tr.bank
-        start = int(bank.ptr)
-        tr.enqueue(b.ids1, b.mask1, txt, b.loc)
-        loc = getattr(bank, "loc", None)
-        if loc is not None:
-            n = min(len(b.idx), bank.capacity)
-            loc[(start + torch.arange(n, device=loc.device)) % bank.capacity] = b.idx[-n:].to(loc.device)
-
     def _pair_key(self, tr, loc: torch.Tensor) -> torch.Tensor:
         """Caption key of training pairs ``loc`` (-1 stays -1): the pair itself (``mask_own``) or the id of its
         raw caption text (``mask_text``: equal ids = identical token ids before word dropout)."""
@@ -78,10 +81,6 @@ class OTCCLIP(Defense):
             return loc
         key = getattr(self, "_text_key", None)
         if key is None:
-            if not tr.in_memory:
-                raise ConfigError(
-                    "defense.own_negatives=mask_text needs the in-memory trainer (tokenised captions)"
-                )
             key = self._text_key = torch.unique(tr.ids, dim=0, return_inverse=True)[1]
         out = torch.full_like(loc, -1)
         known = loc >= 0
@@ -105,10 +104,10 @@ class OTCCLIP(Defense):
         """``match_schedule='epoch_start'``: re-match every training pair once, with the epoch-start model, over
         all training captions (un-augmented), and keep that assignment for the epoch's steps."""
         self._fixed = None
+        if not tr.in_memory and (opts := whole_set_options(self.cfg)):
+            raise ConfigError(f"{', '.join(opts)} needs the in-memory trainer (a stream indexes one window)")
         if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
             return {}
-        if not tr.in_memory:
-            raise ConfigError("defense.match_schedule=epoch_start needs the in-memory trainer")
         c, model, dev = self.cfg, tr.model, tr.device
         chunk = 256
         imgs = [
@@ -160,8 +159,8 @@ class OTCCLIP(Defense):
             txt = TextFeatures(f["txt"].global_[i], f["txt"].tokens[i][:, :w], mask_a)
         else:
             txt = tr.model.encode_text(ids_a, mask_a)
-        with torch.no_grad():
-            self._enqueue(tr, b, tr.model.encode_text(b.ids1, b.mask1))
+        # no enqueue: with the epoch-start schedule every matching epoch re-matches from start_epoch, so nothing
+        # reads the bank
         ic = i.cpu()
         sig, poison = tr.data.sig[ic].to(tr.device), tr.poison[ic].to(tr.device)  # diagnostics only
         return Assignment(i, ids_a, sig, poison, f["err"][loc].flatten(), f["conv"][loc].flatten()), txt
@@ -244,7 +243,7 @@ class OTCCLIP(Defense):
             txt = TextFeatures(pool["global_"][i], pool["tokens"].take(i, w), mask_a[:, :w])
         else:
             txt = tr.model.encode_text(ids_a[:, :w], mask_a[:, :w])
-        self._enqueue(tr, b, batch_txt)  # after the query: the pool's batch part is explicit
+        tr.enqueue(b.ids1, b.mask1, batch_txt, b.loc)  # after the query: the pool's batch part is explicit
         err = None if match.marginal_error is None else match.marginal_error.flatten()
         conv = None if match.converged is None else match.converged.flatten()
         return Assignment(i, ids_a, pool["sig"][i], pool["poison"][i], err, conv), txt
@@ -387,7 +386,7 @@ class OTCCLIP(Defense):
         else:
             txt = model.encode_text(b.ids1, b.mask1)
         if assignment is None:
-            self._enqueue(tr, b, txt)
+            tr.enqueue(b.ids1, b.mask1, txt, b.loc)
         own = txt if assignment is None else own_grad  # the own captions' features with gradient, if any
         neg = self._negative_mask(tr, b, self._assigned_loc)
         row_w = None
