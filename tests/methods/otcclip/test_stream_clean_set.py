@@ -306,6 +306,19 @@ def test_clean_shard_size_gives_every_slot_shards():
     assert -(-100 // sh.clean_shard_size(100, 10, 4)) == 12
 
 
+def test_small_clean_sets_are_cut_into_a_multiple_of_the_slots(items, tmp_path):
+    """Sets that one shard size cannot cut into a multiple of the slots (9 samples for 4 slots gave 3 shards of 3)
+    are written as exactly clean_shard_count near-equal shards; fewer samples than slots is refused."""
+    for n, size, slots in ((9, 265, 4), (20, 265, 8), (9, 2, 2), (24, 10, 4)):
+        k = sh.clean_shard_count(n, size, slots)
+        paths = sh.write_clean_shards(_clean_mosaics(items, n), tmp_path / f"{n}-{size}-{slots}", size, slots)
+        counts = [sum(1 for _ in sh.read_members(p)) for p in paths]
+        assert len(paths) == k and k % slots == 0, (n, size, slots, counts)
+        assert sum(counts) == n and max(counts) - min(counts) <= 1 and max(counts) <= size
+    with pytest.raises(ValueError, match="cannot give each of 4 stream slots"):
+        sh.clean_shard_count(3, 265, 4)
+
+
 def test_shards_recipe_streams_cleanclip_fine_tuning_from_the_written_clean_set(tmp_path):
     """otcclip-shards-tiny on the miniature config with data.clean_finetune_pairs: the shards stage writes the
     testbed's clean set as 2 clean shards (one per slot), CleanCLIP's fine-tuning epoch streams them in passes

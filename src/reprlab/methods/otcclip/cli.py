@@ -76,7 +76,7 @@ def make_shards(
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip.poison import TRIGGERS
     from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
-    from reprlab.methods.otcclip.shards import clean_shard_size, write_shards
+    from reprlab.methods.otcclip.shards import write_clean_shards, write_shards
 
     if trigger not in TRIGGERS:
         raise ConfigError(f"--trigger {trigger!r} is not one of {list(TRIGGERS)}")
@@ -110,8 +110,5 @@ def make_shards(
     if clean_finetune_pairs:
         # the testbed's own clean set (seed + 5 scenes, never poisoned): the same pairs the in-memory recipe
         # fine-tunes CleanCLIP on with data.clean_finetune_pairs at this seed
-        size = clean_shard_size(clean_finetune_pairs, shard_size, clean_slots)
-        paths = write_shards(
-            bed.clean, clean_out, size, prefix="clean", shuffle_seed=seed if shuffle else None
-        )
+        paths = write_clean_shards(bed.clean, clean_out, shard_size, clean_slots, seed if shuffle else None)
         typer.echo(f"wrote {len(bed.clean)} clean fine-tuning samples in {len(paths)} shards to {clean_out}")

@@ -471,17 +471,16 @@ def run_stream(cfg: Config, run: Run) -> dict:
 def _clean_shards(cfg: Config, run: Run, clean: PairSet) -> Path:
     """Stage ``clean_shards`` [ours]: the testbed's clean fine-tuning set (``data.clean_finetune_pairs``) as shards
     in ``<run>/clean_shards``, the stream's clean source; run only when a defense trains on it (a resumed run
-    that adds one writes them then). Equal shards, a multiple of ``stream.slots`` of them (every slot gets a share
-    however small the set), at most ``stream.shard_size`` each."""
-    from reprlab.methods.otcclip.shards import clean_shard_size, write_shards
+    that adds one writes them then). Near-equal shards, a multiple of ``stream.slots`` of them (every slot gets a
+    share however small the set), at most ``stream.shard_size`` each."""
+    from reprlab.methods.otcclip.shards import clean_shard_size, write_clean_shards
 
     sc, out = cfg.stream, run.dir / "clean_shards"
-    size = clean_shard_size(len(clean), sc.shard_size, sc.slots)
 
     def write() -> dict:
         if run.is_main:
-            write_shards(clean, out, size, prefix="clean", shuffle_seed=cfg.seed)
-        return {"n_samples": len(clean), "shard_size": size}
+            write_clean_shards(clean, out, sc.shard_size, sc.slots, cfg.seed)
+        return {"n_samples": len(clean), "shard_size": clean_shard_size(len(clean), sc.shard_size, sc.slots)}
 
     run.stage("clean_shards", write)
     return out

@@ -64,8 +64,10 @@ def write_shards(
     shard_size: int = 1000,
     prefix: str = "mosaics",
     shuffle_seed: int | None = None,
+    n_shards: int | None = None,
 ) -> list[Path]:
     """Write ``pairs`` as tar shards of ``shard_size`` samples into ``out``; returns the shard paths.
+    ``n_shards``: instead, exactly that many shards of near-equal size (``shard_size`` is then only recorded).
 
     Keys are the zero-padded pair index. Without ``shuffle_seed`` shard order = pair order; with it the pairs
     are written in a seeded random order [ours], as web shards hold them: our testbeds append their poisons
@@ -84,11 +86,18 @@ def write_shards(
     order = list(range(len(pairs)))
     if shuffle_seed is not None:
         order = np.random.default_rng([shuffle_seed, 4242]).permutation(len(pairs)).tolist()
-    for shard, start in enumerate(range(0, len(pairs), shard_size)):
+    n = len(pairs)
+    if n_shards is None:
+        bounds = [*range(0, n, shard_size), n]
+    elif 1 <= n_shards <= n:
+        bounds = [n * s // n_shards for s in range(n_shards + 1)]
+    else:
+        raise ValueError(f"cannot cut {n} samples into {n_shards} non-empty shards")
+    for shard, (start, stop) in enumerate(zip(bounds, bounds[1:])):
         path = out / f"{prefix}-{shard:06d}.tar"
         tmp = path.with_name(path.name + ".tmp")
         with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for i in order[start : start + shard_size]:
+            for i in order[start:stop]:
                 key = f"{i:09d}"
                 meta = {
                     "index": i,
@@ -113,11 +122,30 @@ def write_shards(
     return paths
 
 
+def clean_shard_count(n: int, shard_size: int, slots: int) -> int:
+    """Shards for a clean fine-tuning set of ``n`` samples: ``ceil(n / shard_size)`` rounded up to a multiple of
+    ``slots``, so that every stream slot gets a share however small the set.
+
+    Raises:
+        ValueError: fewer samples than slots (a slot would be empty).
+    """
+    if n < slots:
+        raise ValueError(f"{n} clean fine-tuning samples cannot give each of {slots} stream slots a shard")
+    return -(-max(1, -(-n // shard_size)) // slots) * slots
+
+
 def clean_shard_size(n: int, shard_size: int, slots: int) -> int:
-    """Samples per shard that split ``n`` samples into a multiple of ``slots`` shards of at most ``shard_size``
-    (the last one may be short), so that every stream slot gets a share of a small clean fine-tuning set."""
-    n_shards = -(-max(1, -(-n // shard_size)) // slots) * slots  # ceil(n / shard_size), rounded up to slots
-    return max(1, -(-n // n_shards))
+    """The largest shard of :func:`write_clean_shards`' split (at most ``shard_size``)."""
+    return max(1, -(-n // clean_shard_count(n, shard_size, slots)))
+
+
+def write_clean_shards(
+    pairs: PairSet, out: Path, shard_size: int, slots: int, shuffle_seed=None
+) -> list[Path]:
+    """Write a clean fine-tuning set as exactly :func:`clean_shard_count` near-equal shards (prefix ``clean``)."""
+    n_shards = clean_shard_count(len(pairs), shard_size, slots)
+    size = clean_shard_size(len(pairs), shard_size, slots)
+    return write_shards(pairs, out, size, prefix="clean", shuffle_seed=shuffle_seed, n_shards=n_shards)
 
 
 def shard_paths(source: Path | str) -> list[Path]:
