@@ -309,10 +309,18 @@ def streaming(cfg: Config) -> bool:
     return bool(cfg.stream.source) or cfg.stream.write_shards
 
 
-def preflight(cfg: Config) -> None:
-    """Checks that need no work, before a run folder exists: the stream's source exists and is readable data,
-    the model's architecture is available."""
+def trains_on_clean(cfg: Config) -> bool:
+    """Whether a defense of the run fine-tunes on a clean set (has ``clean_phases``: CleanCLIP)."""
     from reprlab.methods.otcclip.defenses import REGISTRY
+
+    return any(REGISTRY[d].clean_phases for d in cfg.defenses if d in REGISTRY)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks before a run folder exists: the stream's source exists and is readable data, the options suit the
+    trainer, the model's architecture is available, and a clean source a defense trains on holds no item whose
+    provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
+    decoded)."""
     from reprlab.methods.otcclip.defenses.otcclip import whole_set_options
     from reprlab.methods.otcclip.stream import check_clean_source, open_source
 
@@ -336,8 +344,8 @@ def preflight(cfg: Config) -> None:
         open_source(cfg.stream.source, cfg.stream.image_root)
     if sc.clean_source:
         clean = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
-        if any(REGISTRY[d].clean_phases for d in cfg.defenses if d in REGISTRY):
-            check_clean_source(clean)  # only where a defense will train on it (it may read the whole source)
+        if trains_on_clean(cfg):
+            check_clean_source(clean)  # only where a defense will train on it
     if cfg.model.arch.startswith("open_clip:"):
         build_model(cfg.model, 2)  # raises ModelNotAvailableError saying why
     elif cfg.model.arch not in ("tiny", "hf_clip"):
@@ -391,7 +399,6 @@ def run_stream(cfg: Config, run: Run) -> dict:
     stage (``stream.write_shards``) or the user's ``stream.source``; evaluate on the testbed's held-out sets.
     CleanCLIP's clean fine-tuning epochs stream ``stream.clean_source``, else (when a defense trains on it) the
     testbed's ``data.clean_finetune_pairs`` set written as shards by a stage ``clean_shards``."""
-    from reprlab.methods.otcclip.defenses import REGISTRY
     from reprlab.methods.otcclip.shards import write_shards
     from reprlab.methods.otcclip.stream import ShardSource, open_source, vocabulary_texts
     from reprlab.train.dist import init_distributed
@@ -409,9 +416,9 @@ def run_stream(cfg: Config, run: Run) -> dict:
             return {"n_samples": len(bed.pairs), "shard_size": sc.shard_size}
 
         run.stage("shards", write)
-    if sc.clean_source:  # the user's clean set replaces the testbed's
+    if sc.clean_source and trains_on_clean(cfg):  # the user's clean set replaces the testbed's
         clean_source = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
-    elif bed is not None and bed.clean is not None and any(REGISTRY[d].clean_phases for d in cfg.defenses):
+    elif bed is not None and bed.clean is not None and trains_on_clean(cfg):
         clean_dir = _clean_shards(cfg, run, bed.clean)
     if dist.enabled:
         torch.distributed.barrier()  # rank 0 wrote the shards
