@@ -368,9 +368,7 @@ def run(cfg: Config, run: Run) -> dict:
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     bed = build_testbed(cfg.data, cfg.seed)
     tok = build_tokenizer(cfg.model) or WordTokenizer.from_texts(bed.pairs.captions)
-    if run.is_main and hasattr(tok, "save"):  # a Hugging Face tokenizer is its model.tokenizer folder
-        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
-        tok.save(run.dir / "artifacts" / "tokenizer.json")
+    _save_tokenizer(run, tok)
     data_info = {"n_pairs": len(bed.pairs), "vocab": len(tok), "testbed": cfg.data.testbed}
     data_info.update(_testbed_info(cfg, bed, bed.pairs.kind))
     run.save_json("analysis/data.json", data_info)
@@ -433,9 +431,7 @@ def run_stream(cfg: Config, run: Run) -> dict:
         tok = WordTokenizer.from_texts(
             vocabulary_texts(source, sc.vocab_samples, names, prompts=bed is not None)
         )
-    if run.is_main and isinstance(tok, WordTokenizer):
-        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
-        tok.save(run.dir / "artifacts" / "tokenizer.json")
+    _save_tokenizer(run, tok)
     n_samples = sc.n_samples or source.count()
     channels = _source_channels(source, bed)
     data_info = {
@@ -475,6 +471,15 @@ def run_stream(cfg: Config, run: Run) -> dict:
     return summary
 
 
+def _save_tokenizer(run: Run, tok) -> None:
+    """``artifacts/tokenizer.json``: our word tokenizer's vocabulary, or what identifies open_clip's tokenizer (the
+    audit rebuilds a run's tokenizer from it, ``audit.run_tokenizer``); a Hugging Face tokenizer is its
+    ``model.tokenizer`` folder and saves nothing."""
+    if run.is_main and hasattr(tok, "save"):
+        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        tok.save(run.dir / "artifacts" / "tokenizer.json")
+
+
 def _clean_shards(cfg: Config, run: Run, clean: PairSet) -> Path:
     """Stage ``clean_shards`` [ours]: the testbed's clean fine-tuning set (``data.clean_finetune_pairs``) as shards
     in ``<run>/clean_shards``, the stream's clean source; run only when a defense trains on it (a resumed run
@@ -494,17 +499,13 @@ def _clean_shards(cfg: Config, run: Run, clean: PairSet) -> Path:
 
 
 def _source_channels(source, bed: Testbed | None) -> int:
-    """Image channels of the data: the testbed's, else manifest.json's image shape, else RGB."""
-    from reprlab.methods.otcclip.shards import MANIFEST
-
+    """Image channels of the data: the testbed's, else manifest.json's image shape (when it lists these shards),
+    else RGB."""
     if bed is not None:
         return int(bed.pairs.images.shape[1])
-    shards = getattr(source, "shards", None)
-    if shards and (shards[0].parent / MANIFEST).exists():
-        shape = json.loads((shards[0].parent / MANIFEST).read_text()).get("image_shape")
-        if shape:
-            return int(shape[0])
-    return 3
+    manifest = source.manifest() if hasattr(source, "manifest") else None
+    shape = (manifest or {}).get("image_shape")
+    return int(shape[0]) if shape else 3
 
 
 def _testbed_info(cfg: Config, bed: Testbed, kinds: torch.Tensor | None) -> dict:
