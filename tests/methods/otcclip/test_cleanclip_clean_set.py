@@ -9,7 +9,6 @@ Checked by breaking it on purpose (then restoring it):
 * the in-modal term dropped from ``CleanCLIP.step`` -> the same test fails (no ``inmodal`` term, loss too low).
 """
 
-import copy
 import json
 
 import pytest
@@ -24,7 +23,7 @@ from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer
 
 from .planted import ADJ, CLASSES, DIM, TRAIN, PlantedCLIP, image_class, planted_pairs, symmetric_infonce
-from .test_trainer import CFG, DCFG
+from .test_trainer import CFG, DCFG, checkpoint, restore
 
 
 def clean_planted(n_per_class: int = 4) -> PairSet:
@@ -146,15 +145,11 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_set(items):
     clean = _clean_mosaics(items)
     straight = _mosaic_trainer(items, "cleanclip", clean)
     straight.run_epoch(0)
-    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
-    opt = copy.deepcopy({k: o.state_dict() for k, o in straight.optimizers().items()})
+    saved = checkpoint(straight)
     for e in (1, 2):
         straight.run_epoch(e)
     resumed = _mosaic_trainer(items, "cleanclip", clean)
-    for k, m in resumed.modules().items():
-        m.load_state_dict(saved[k])
-    for k, o in resumed.optimizers().items():
-        o.load_state_dict(opt[k])
+    restore(resumed, saved)
     for e in (1, 2):
         resumed.run_epoch(e)
     for (name, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):

@@ -16,7 +16,7 @@ from reprlab.methods.otcclip import stream as st
 from reprlab.methods.otcclip.model import TinyCLIP
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
-from tests.methods.otcclip.test_trainer import CFG, DCFG, _data
+from tests.methods.otcclip.test_trainer import CFG, DCFG, _data, checkpoint, restore
 from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks
 
 HERE = Path(__file__).parent
@@ -298,25 +298,6 @@ def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
     assert a["phase"] == "otc_match" and a["loss"] == b["loss"]
     for (name, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(p, q), name
-
-
-def checkpoint(trainer) -> tuple[dict, dict]:
-    """Copies of what a checkpoint holds: the trainer's modules' state dicts and its optimiser's."""
-    modules = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in trainer.modules().items()}
-    opt = trainer.opt.state_dict()
-    opt = {
-        "state": {k: {n: t.clone() for n, t in v.items()} for k, v in opt["state"].items()},
-        "param_groups": opt["param_groups"],
-    }
-    return modules, opt
-
-
-def restore(trainer, saved: tuple[dict, dict]) -> None:
-    """Load a :func:`checkpoint` into a fresh trainer, as a resumed run does."""
-    modules, opt = saved
-    for k, m in trainer.modules().items():
-        m.load_state_dict(modules[k])
-    trainer.opt.load_state_dict(opt)
 
 
 def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_path):

@@ -32,8 +32,8 @@ from reprlab.methods.otcclip.trainer import DefenseConfig
 
 from .planted import TRAIN, PlantedCLIP, planted_pairs
 from .test_cleanclip_clean_set import _clean_mosaics, _expected, _mosaic_trainer, clean_planted
-from .test_stream import _stream_trainer, checkpoint, restore
-from .test_trainer import DCFG, _data
+from .test_stream import _stream_trainer
+from .test_trainer import DCFG, _data, checkpoint, restore
 
 CLEAN_DCFG = replace(DCFG, cleanclip_start_epoch=1)  # epoch 0 pre-trains (phase clip), later epochs fine-tune
 

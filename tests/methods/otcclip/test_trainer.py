@@ -1,5 +1,6 @@
 """The one trainer: every defense runs, diagnostics are right, and 2-rank gloo equals 1 process."""
 
+import copy
 import os
 import tempfile
 
@@ -150,3 +151,20 @@ def test_two_gloo_ranks_equal_one_process_on_the_same_global_batch(items):
         float((p - q).abs().sum()) for p, q in zip(single.model.state_dict().values(), _init(items).values())
     )
     assert moved > 1e-2  # the comparison is not vacuous: training changed the weights
+
+
+def checkpoint(trainer) -> tuple[dict, dict]:
+    """Copies of what a checkpoint holds: the trainer's modules' and optimisers' state dicts."""
+    return (
+        copy.deepcopy({k: m.state_dict() for k, m in trainer.modules().items()}),
+        copy.deepcopy({k: o.state_dict() for k, o in trainer.optimizers().items()}),
+    )
+
+
+def restore(trainer, saved: tuple[dict, dict]) -> None:
+    """Load a :func:`checkpoint` into a fresh trainer, as a resumed run does."""
+    modules, opts = saved
+    for k, m in trainer.modules().items():
+        m.load_state_dict(modules[k])
+    for k, o in trainer.optimizers().items():
+        o.load_state_dict(opts[k])
