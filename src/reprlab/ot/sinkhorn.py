@@ -99,9 +99,11 @@ def sinkhorn(
         n_iters: maximum number of iterations (``f`` then ``g`` update); without ``tol`` every problem runs
             this many.
         tol: optional tolerance on the L1 marginal error, checked every ``check_every`` iterations. When
-            given, each problem stops at its first check below it (:data:`RETIRE_CONVERGED`: the others go
-            on as one compacted batch; ``n_iters`` of the result is the largest count), and a
-            ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at the end.
+            given, on the scaling path each problem stops at its first check below it
+            (:data:`RETIRE_CONVERGED`: the others go on as one compacted batch; ``n_iters`` of the result is the
+            largest count); with ``grad="autograd"`` or after a log-domain fallback the batch stops when its
+            largest error is below it. A ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at
+            the end.
         check_every: iterations between convergence checks (and, on the fast path, kernel absorptions).
         grad: ``"envelope"`` (default): iterations run without autograd, the plan is detached and the
             gradient reaches ``C`` only through ``cost = <P, C>`` (dcost/dC = P). ``"autograd"``:
@@ -396,16 +398,15 @@ def _fast_sinkhorn(
         f, g = f_new, g_new
         done += block
         if tol is not None and done < n_iters:
-            err = marginal_error(_scaled_plan(Kw.clone(), aw, bw, s, t), aw, bw)
-            conv = err <= tol
+            plan = _scaled_plan(Kw.clone(), aw, bw, s, t)
+            conv = marginal_error(plan, aw, bw) <= tol
             if bool(conv.all()):
                 break
             if RETIRE_CONVERGED and bool(conv.any()):
                 idx = torch.nonzero(conv).flatten()
                 rows_out = idx if act is None else act[idx]
-                plan_r = _scaled_plan(Kw[idx], aw[idx], bw[idx], s[idx], t[idx])
                 keep = torch.nonzero(~conv).flatten()
-                K[rows_out], f_out[rows_out], g_out[rows_out] = plan_r, f[idx], g[idx]
+                K[rows_out], f_out[rows_out], g_out[rows_out] = plan[idx], f[idx], g[idx]
                 act = keep if act is None else act[keep]
                 aw, bw, negw, f, g = aw[keep], bw[keep], negw[keep], f[keep], g[keep]
                 a3, b3 = aw[:, None, :], bw[:, None, :]

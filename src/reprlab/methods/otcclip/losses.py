@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,8 +123,8 @@ def ot_solve(
     Args:
         x: ``(B, n, d)``; y: ``(B, m, d)``; masks ``bool (B, n)``/``(B, m)`` or None.
         cfg: settings; with ``matching=True`` and ``cfg.match_tol`` set (Sinkhorn only), the solve runs up to
-            ``cfg.match_max_iters`` iterations and stops early once every problem of a chunk meets the
-            tolerance; ``converged`` is judged against ``match_tol``. With ``matching=False`` (the training
+            ``cfg.match_max_iters`` iterations and each problem stops early once it meets the tolerance
+            (:func:`reprlab.ot.sinkhorn`); ``converged`` is judged against ``match_tol``. With ``matching=False`` (the training
             losses) the same with ``cfg.loss_tol`` / ``cfg.loss_max_iters``. With the tolerance null,
             ``cfg.n_iters`` fixed iterations (``converged`` against
             :data:`reprlab.ot.result.DEFAULT_CONVERGED_TOL`). A missed tolerance does not warn here: the
@@ -131,11 +132,8 @@ def ot_solve(
         cost: ``"cosine"`` (1 - cos), or a callable ``(x, y) -> (B, n, m)`` that builds the same costs
             another way (re-matching builds them with one product per image, see ``otc_rematch``).
     """
-    tol = (cfg.match_tol if matching else cfg.loss_tol) if cfg.solver == "sinkhorn" else None
-    n_iters = (cfg.match_max_iters if matching else cfg.loss_max_iters) if tol is not None else cfg.n_iters
-    with warnings.catch_warnings():
-        if tol is not None:  # callers aggregate ``converged`` and warn once per epoch (or audit)
-            warnings.filterwarnings("ignore", message=r"OT \(", category=RuntimeWarning)
+    tol, n_iters = _stopping(cfg, matching)
+    with _quiet(tol):
         return ot_distance(
             x,
             y,
@@ -147,6 +145,24 @@ def ot_solve(
             solver=cfg.solver,
             tol=tol,
         )
+
+
+def _stopping(cfg: OTConfig, matching: bool) -> tuple[float | None, int]:
+    """``(tol, n_iters)`` of a solve: the matching or loss tolerance and its iteration cap (Sinkhorn), else
+    ``cfg.n_iters`` fixed iterations."""
+    tol = (cfg.match_tol if matching else cfg.loss_tol) if cfg.solver == "sinkhorn" else None
+    n_iters = (cfg.match_max_iters if matching else cfg.loss_max_iters) if tol is not None else cfg.n_iters
+    return tol, n_iters
+
+
+@contextlib.contextmanager
+def _quiet(tol: float | None):
+    """Silence the solver's missed-tolerance warning: callers aggregate ``converged`` and warn once per epoch
+    (or per audit)."""
+    with warnings.catch_warnings():
+        if tol is not None:
+            warnings.filterwarnings("ignore", message=r"OT \(", category=RuntimeWarning)
+        yield
 
 
 def ot_distances(
@@ -202,20 +218,13 @@ def ot_alignments(
     ``weights``: optional list parallel to ``pairs`` of ``(B_group,)`` weights or None (see ``ot_alignment``).
     """
     if GROUPED_COSINE_GRAD and cfg.solver == "sinkhorn":  # [ours, speed] same solve, one backward node
-        tol = cfg.loss_tol
-        with warnings.catch_warnings():
-            if tol is not None:  # callers aggregate ``converged`` and warn once per epoch
-                warnings.filterwarnings("ignore", message=r"OT \(", category=RuntimeWarning)
-            costs, res = grouped_cosine_ot(
-                pairs, cfg.eps, cfg.loss_max_iters if tol is not None else cfg.n_iters, tol
-            )
-        if diagnostics is not None:
-            diagnostics.append(res)
-        weights = weights or [None] * len(costs)
-        return [part.mean() if w is None else (part * w).mean() for part, w in zip(costs, weights)]
-    res = ot_solve(*pad_groups(pairs), cfg)
+        tol, n_iters = _stopping(cfg, matching=False)
+        with _quiet(tol):
+            parts, res = grouped_cosine_ot(pairs, cfg.eps, n_iters, tol)
+    else:
+        res = ot_solve(*pad_groups(pairs), cfg)
+        parts = res.cost.split([len(x) for x, _, _, _ in pairs])
     if diagnostics is not None:
         diagnostics.append(res)
-    parts = res.cost.split([len(x) for x, _, _, _ in pairs])
     weights = weights or [None] * len(parts)  # [ours] optional per-pair weights of a group, as ot_alignment
     return [part.mean() if w is None else (part * w).mean() for part, w in zip(parts, weights)]
