@@ -399,8 +399,6 @@ def main() -> None:
         )
     tol_vs_fixed = {r["eps"]: r["seconds"] for r in conv if r["solve"] == "tol 1e-3"}
     fixed_t = {r["eps"]: r["seconds"] for r in conv if r["solve"] == "fixed 50"}
-    # the headline overhead is averaged over the epoch types in proportion to the recipe (R = 2:
-    # half the post-warm-up epochs match)
     lc = {r["solve"]: r for r in lconv}
 
     def med(times, *labels):

@@ -88,8 +88,7 @@ def create_openclip(name: str, pretrained: str = "") -> nn.Module:
     import open_clip
 
     force_pp: dict = {}
-    if name == "reprlab-tiny-vit":
-        name = str(TINY_CONFIG)
+    name = _alias(name)
     if name.startswith("hf-hub:"):
         raise ConfigError(
             f"model.arch open_clip:{name}: hub models are not downloaded; give a local folder or file"
@@ -302,8 +301,7 @@ class OpenCLIPTokenizer:
     def for_arch(cls, name: str) -> OpenCLIPTokenizer:
         import open_clip
 
-        if name == "reprlab-tiny-vit":
-            name = str(TINY_CONFIG)
+        name = _alias(name)
         if name.endswith(".json"):
             name = _register_json(Path(name))[0]
         elif Path(name.removeprefix("local-dir:")).is_dir():
@@ -311,10 +309,8 @@ class OpenCLIPTokenizer:
         return cls(open_clip.get_tokenizer(name))
 
     @classmethod
-    def for_config(cls, model_cfg) -> OpenCLIPTokenizer | None:
-        """The tokenizer of ``model.arch=open_clip:<name>``; ``None`` for other archs."""
-        if not model_cfg.arch.startswith("open_clip:"):
-            return None
+    def for_config(cls, model_cfg) -> OpenCLIPTokenizer:
+        """The tokenizer of ``model.arch=open_clip:<name>``."""
         return cls.for_arch(model_cfg.arch.partition(":")[2])
 
     def __len__(self) -> int:
@@ -333,25 +329,21 @@ class OpenCLIPTokenizer:
         return ids, ids != 0
 
     def decode(self, ids: torch.Tensor) -> list[str]:
-        special = set(getattr(self.tokenizer, "all_special_ids", ()))
+        special = set(self.special_ids)
         return [
             self.tokenizer.decode([t for t in row.tolist() if t != 0 and t not in special]).strip()
             for row in ids
         ]
 
 
+def _alias(name: str) -> str:
+    """Our packaged tiny config's short name (``reprlab-tiny-vit``) as its file; other names unchanged."""
+    return str(TINY_CONFIG) if name == "reprlab-tiny-vit" else name
+
+
 def build(name: str, pretrained: str = "") -> OpenCLIPAdapter:
     """``model.arch=open_clip:<name>`` (with ``model.pretrained``) as the trainer's model."""
     return OpenCLIPAdapter(create_openclip(name, pretrained))
-
-
-def available() -> Exception | None:
-    """``None`` when open_clip imports here, else the error saying why."""
-    try:
-        import open_clip  # noqa: F401
-    except Exception as err:  # ImportError, or torchvision failing to load beside this torch build
-        return err
-    return None
 
 
 __all__ = [
