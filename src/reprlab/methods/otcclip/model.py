@@ -123,6 +123,11 @@ class TinyCLIP(nn.Module):
         self.text_ln = nn.LayerNorm(cfg.text_width)
         self.text_proj = nn.Linear(cfg.text_width, cfg.embed_dim, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        for blocks in (self.image_blocks, self.text_blocks):
+            if not -len(blocks.layers) <= cfg.feature_layer < len(blocks.layers):
+                raise ValueError(
+                    f"model.feature_layer {cfg.feature_layer} is outside the {len(blocks.layers)} blocks"
+                )
 
     @property
     def n_patches(self) -> int:
@@ -132,11 +137,10 @@ class TinyCLIP(nn.Module):
         """Args: images ``float (batch, C, H, W)``, normalised to about [-1, 1]."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # [batch, n, width]
         x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.image_pos
-        h = self.image_proj(self.image_ln(self.image_blocks(x)))  # [batch, 1 + n, d]
-        h = F.normalize(h, dim=-1)
+        last, early = self._run_blocks(self.image_blocks, x)
+        h = F.normalize(self.image_proj(self.image_ln(last)), dim=-1)  # [batch, 1 + n, d]
         patches = h[:, 1:]
-        if self.cfg.feature_layer != -1:  # [ours] fine-grained features from an earlier block
-            early = self._block_output(self.image_blocks, x, self.cfg.feature_layer)
+        if early is not None:  # [ours] fine-grained features from an earlier block
             patches = F.normalize(self.image_proj(self.image_ln(early[:, 1:])), dim=-1)
         return ImageFeatures(
             h[:, 0], patches, torch.ones(patches.shape[:2], dtype=torch.bool, device=h.device)
@@ -146,24 +150,26 @@ class TinyCLIP(nn.Module):
         """Args: ids ``int64 (batch, pos)``, mask ``bool (batch, pos)`` with pos <= max_len."""
         pos = ids.shape[1]
         x = self.token_embed(ids) + self.text_pos[:, :pos]
-        h = self.text_blocks(x, src_key_padding_mask=~mask)
+        h, early = self._run_blocks(self.text_blocks, x, ~mask)
         tokens = self.text_proj(self.text_ln(h))  # [batch, pos, d]
         w = mask.unsqueeze(-1).to(tokens.dtype)
         global_ = F.normalize((tokens * w).sum(1) / w.sum(1).clamp_min(1.0), dim=-1)
-        if self.cfg.feature_layer != -1:  # [ours] fine-grained features from an earlier block
-            early = self._block_output(self.text_blocks, x, self.cfg.feature_layer, ~mask)
+        if early is not None:  # [ours] fine-grained features from an earlier block
             tokens = self.text_proj(self.text_ln(early))
         return TextFeatures(global_, F.normalize(tokens, dim=-1) * w, mask)
 
-    @staticmethod
-    def _block_output(blocks: nn.TransformerEncoder, x: torch.Tensor, layer: int, pad=None) -> torch.Tensor:
-        """Output of block ``layer`` (Python index over the blocks) of ``blocks`` applied to ``x``."""
-        n = len(blocks.layers)
-        if not -n <= layer < n:
-            raise ValueError(f"model.feature_layer {layer} is outside the {n} blocks")
-        for block in blocks.layers[: layer % n + 1]:
+    def _run_blocks(
+        self, blocks: nn.TransformerEncoder, x: torch.Tensor, pad: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(last block's output, block model.feature_layer's output or None when that is the last)`` of
+        ``blocks`` on ``x``, in one pass (the encoder has no final norm, so it is its blocks in turn)."""
+        if self.cfg.feature_layer == -1:
+            return blocks(x, src_key_padding_mask=pad), None
+        keep, early = self.cfg.feature_layer % len(blocks.layers), None
+        for i, block in enumerate(blocks.layers):
             x = block(x, src_key_padding_mask=pad)
-        return x
+            early = x if i == keep else early
+        return x, early
 
     def scale(self) -> torch.Tensor:
         """exp(t) with t clamped at ln 100."""
