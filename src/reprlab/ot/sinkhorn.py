@@ -33,6 +33,7 @@ same iteration and differ only by rounding. The batch is processed in cache-size
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reprlab.ot import kernel
 from reprlab.ot.result import SinkhornResult, converged_mask
 
 # geomloss clamps log(0) to -1e5: exp() of it is exactly 0 in float32/64, and differences of two padded
@@ -73,6 +75,21 @@ NUMPY_SMALL = True
 # re-matching problems one slow problem kept 250 problems iterating 340 times where the others needed 40
 # (docs/ot.md). False = the whole chunk runs until its largest error meets ``tol`` (the old rule).
 RETIRE_CONVERGED = True
+
+# [ours, measured] CPU, envelope mode: solve with the compiled kernel (reprlab.ot.kernel: each problem's kernel
+# and scalings stay in cache for all its iterations, padding skipped, per-problem stopping and log-domain
+# fallback); the PyTorch paths below are the fallback when it cannot be built, and run on other devices and
+# for grad="autograd". B = 4096 x 49 x <=32 at 50 iterations: see docs/ot.md. False = the PyTorch paths.
+COMPILED = True
+
+# [ours] Below this many entry-iterations (batch * n * m * n_iters) the kernel runs on the calling thread:
+# ~1e6 take ~1 ms, comparable to handing chunks to worker threads.
+KERNEL_PARALLEL_WORK = 2_000_000
+
+# [ours, measured] bfloat16 / float16 costs are solved in float32 and every result field is rounded back to the
+# input's dtype: iterating in half precision leaves marginal errors of ~1e-2 (docs/ot.md, bench_ot.py --dtypes).
+# False = iterate in the input's dtype (the old behaviour).
+HALF_IN_FLOAT32 = True
 
 _GRAD_MODES = ("envelope", "autograd")
 
@@ -116,6 +133,16 @@ def sinkhorn(
         ValueError: on bad shapes, negative or non-finite weights, a problem whose weights are all zero
             (the message names the batch index), non-finite costs at valid entries, ``eps <= 0``.
     """
+    if HALF_IN_FLOAT32 and C.dtype in (torch.bfloat16, torch.float16):
+        # solved in float32 (differentiably cast), every field rounded back to the input's dtype
+        res = sinkhorn(C.float(), a.float(), b.float(), eps, n_iters, tol, check_every, grad)
+        return dataclasses.replace(
+            res,
+            **{
+                k: getattr(res, k).to(C.dtype)
+                for k in ("cost", "plan", "f", "g", "marginal_error", "reg_cost")
+            },
+        )
     unbatched = C.dim() == 2
     if unbatched:
         C, a, b = C.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0)
@@ -130,9 +157,15 @@ def sinkhorn(
         solver, marginals = "sinkhorn-log", None
     else:
         with torch.no_grad():
-            f, g, plan, cost_value, marginals, done, solver = _chunked_fast_sinkhorn(
-                C.detach(), a, b, eps, n_iters, tol, check_every
-            )
+            lib = _compiled_kernel(C)
+            if lib is not None:
+                f, g, plan, cost_value, marginals, done, solver = _kernel_sinkhorn(
+                    lib, C.detach(), a, b, eps, n_iters, tol, check_every
+                )
+            else:
+                f, g, plan, cost_value, marginals, done, solver = _chunked_fast_sinkhorn(
+                    C.detach(), a, b, eps, n_iters, tol, check_every
+                )
         cost = _EnvelopeCost.apply(C, cost_value, plan) if C.requires_grad else cost_value
     result = finish_result(cost, plan, f, g, a, b, eps, done, tol, solver, marginals)
     return result.squeeze_batch() if unbatched else result
@@ -154,6 +187,73 @@ class _EnvelopeCost(torch.autograd.Function):
     def backward(ctx, grad_cost: Tensor) -> tuple[Tensor, None, None]:  # noqa: D102
         (plan,) = ctx.saved_tensors
         return grad_cost[:, None, None] * plan, None, None
+
+
+def _compiled_kernel(C: Tensor):
+    """The compiled kernel if it applies to ``C`` (CPU, a floating dtype, :data:`COMPILED` and
+    :data:`RETIRE_CONVERGED` on: it always stops per problem) and could be built, else ``None``."""
+    if not (COMPILED and RETIRE_CONVERGED) or C.device.type != "cpu" or C.dtype not in _KERNEL_DTYPES:
+        return None
+    return kernel.load()
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+_pool: ThreadPoolExecutor | None = None
+
+
+def _thread_pool(workers: int) -> ThreadPoolExecutor:
+    """One process-wide pool for the kernel's chunks (a pool per call costs ~0.1 ms to start)."""
+    global _pool
+    if _pool is None or _pool._max_workers != workers:
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+        _pool = ThreadPoolExecutor(workers, thread_name_prefix="reprlab-ot")
+    return _pool
+
+
+def _kernel_sinkhorn(
+    lib, C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, tol: float | None, check_every: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor], int, str]:
+    """Solve the batch with the compiled kernel (:mod:`reprlab.ot.kernel`), chunks of problems in parallel on
+    ``torch.get_num_threads()`` Python threads (the kernel releases the GIL); float32 or float64.
+
+    Returns:
+        as :func:`_chunked_fast_sinkhorn`; iterations is the largest over problems, solver ``"sinkhorn-log"`` if
+        any problem went through the log domain.
+    """
+    work = C.dtype
+    Cw, aw, bw = (t.contiguous() for t in (C, a, b))
+    batch, n, m = Cw.shape
+    plan = torch.empty(batch, n, m, dtype=work)
+    f, rows = torch.empty(batch, n, dtype=work), torch.empty(batch, n, dtype=work)
+    g, cols = torch.empty(batch, m, dtype=work), torch.empty(batch, m, dtype=work)
+    cost = torch.empty(batch, dtype=torch.float64)
+    iters = torch.empty(batch, dtype=torch.int32)
+    flags = torch.empty(batch, dtype=torch.int32)
+    fn = lib.rl_ot_sinkhorn_f64 if work == torch.float64 else lib.rl_ot_sinkhorn_f32
+    ptrs = [t.data_ptr() for t in (plan, f, g, rows, cols, cost, iters, flags)]
+    head = (Cw.data_ptr(), aw.data_ptr(), bw.data_ptr())
+    tol_arg = -1.0 if tol is None else float(tol)
+
+    def solve(lo: int, hi: int) -> int:
+        return fn(*head, lo, hi, n, m, float(eps), n_iters, tol_arg, check_every, *ptrs)
+
+    workers = min(torch.get_num_threads(), batch)
+    if workers <= 1 or batch * n * m * n_iters < KERNEL_PARALLEL_WORK:
+        status = [solve(0, batch)]
+    else:
+        # a few chunks per worker, so a descheduled thread on a shared machine delays one chunk, not half the work
+        step = max(1, -(-batch // (4 * workers)))
+        bounds = [(lo, min(lo + step, batch)) for lo in range(0, batch, step)]
+        status = list(_thread_pool(workers).map(lambda lh: solve(*lh), bounds))
+    if any(status):
+        raise MemoryError("reprlab.ot compiled kernel: could not allocate its workspace")
+    bad = flags & 2
+    if bool(bad.any()):
+        idx = torch.nonzero(bad).flatten()[:5].tolist()
+        raise ValueError(f"non-finite cost at valid (non-padded) entries of batch problem(s) {idx}")
+    solver = "sinkhorn-log" if bool((flags & 1).any()) else "sinkhorn-scaling"
+    return f, g, plan, cost.to(work), (rows, cols), int(iters.max()), solver
 
 
 def _validate(
