@@ -25,11 +25,18 @@ import os
 import shutil
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 log = logging.getLogger("reprlab.ot")
+
+# per-problem flags the kernel returns (bits)
+USED_LOG = 1  # some block ran in the log domain (scalings over/underflowed)
+NONFINITE_COST = 2  # a valid cost is inf or NaN: the problem was not solved
+ABSORBED = 4  # scalings left [2^-30, 2^30] (float32) and were absorbed into the potentials
 
 SOURCE = Path(__file__).with_name("csrc") / "sinkhorn_kernel.cpp"
 ABI_VERSION = 1  # must equal rl_ot_abi_version() in the source
@@ -113,6 +120,91 @@ def load(verbose: bool = False) -> ctypes.CDLL | None:
             )
         _state["lib"], _state["reason"] = lib, reason
         return lib
+
+
+class KernelOutput(NamedTuple):
+    """What :func:`solve` returns: ``plan (batch, n, m)`` (zeros at padding), potentials ``f (batch, n)``,
+    ``g (batch, m)`` (zeros at padding), the plan's marginals ``rows (batch, n)``, ``cols (batch, m)``,
+    ``cost (batch,)`` float64 ``<P, C>``, ``iters (batch,)`` int32 iterations run per problem, ``flags (batch,)``
+    int32 bits :data:`USED_LOG`, :data:`NONFINITE_COST`, :data:`ABSORBED`."""
+
+    plan: torch.Tensor
+    f: torch.Tensor
+    g: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    cost: torch.Tensor
+    iters: torch.Tensor
+    flags: torch.Tensor
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _thread_pool(workers: int) -> ThreadPoolExecutor:
+    """One process-wide pool for the kernel's chunks (starting a pool per call costs ~0.1 ms)."""
+    global _pool
+    with _lock:
+        if _pool is None or _pool._max_workers != workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="reprlab-ot")
+        return _pool
+
+
+def solve(
+    lib: ctypes.CDLL,
+    C: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    eps: float,
+    n_iters: int,
+    tol: float | None,
+    check_every: int,
+    parallel_work: int = 0,
+) -> KernelOutput:
+    """Run the kernel on a CPU batch: ``C (batch, n, m)``, weights ``a (batch, n)``, ``b (batch, m)`` normalised
+    (zero = padding; every problem needs a valid point on each side), all float32 or all float64.
+
+    Chunks of problems run on ``torch.get_num_threads()`` Python threads (ctypes releases the GIL), a few chunks
+    per thread so that a descheduled thread on a shared machine delays one chunk, not half the batch; below
+    ``parallel_work`` entry-iterations (``batch * n * m * n_iters``) the calling thread does it all. Each
+    problem is solved on its own, so the chunking never changes a result.
+    """
+    dtype = C.dtype
+    if dtype not in (torch.float32, torch.float64) or a.dtype != dtype or b.dtype != dtype:
+        raise TypeError(f"the compiled kernel takes float32 or float64 tensors of one dtype; got {C.dtype}")
+    Cc, ac, bc = C.contiguous(), a.contiguous(), b.contiguous()
+    batch, n, m = Cc.shape
+    out = KernelOutput(
+        plan=torch.empty(batch, n, m, dtype=dtype),
+        f=torch.empty(batch, n, dtype=dtype),
+        g=torch.empty(batch, m, dtype=dtype),
+        rows=torch.empty(batch, n, dtype=dtype),
+        cols=torch.empty(batch, m, dtype=dtype),
+        cost=torch.empty(batch, dtype=torch.float64),
+        iters=torch.empty(batch, dtype=torch.int32),
+        flags=torch.empty(batch, dtype=torch.int32),
+    )
+    fn = lib.rl_ot_sinkhorn_f64 if dtype == torch.float64 else lib.rl_ot_sinkhorn_f32
+    head = (Cc.data_ptr(), ac.data_ptr(), bc.data_ptr())
+    ptrs = [t.data_ptr() for t in out]
+    tol_arg = -1.0 if tol is None else float(tol)
+
+    def run(lo: int, hi: int) -> int:
+        return fn(*head, lo, hi, n, m, float(eps), n_iters, tol_arg, check_every, *ptrs)
+
+    workers = min(torch.get_num_threads(), batch)
+    if workers <= 1 or batch * n * m * n_iters < parallel_work:
+        status = [run(0, batch)]
+    else:
+        step = -(-batch // (4 * workers))
+        status = list(
+            _thread_pool(workers).map(lambda lo: run(lo, min(lo + step, batch)), range(0, batch, step))
+        )
+    if any(status):
+        raise MemoryError("reprlab.ot compiled kernel: could not allocate its workspace")
+    return out
 
 
 def unavailable_reason() -> str | None:

@@ -198,62 +198,24 @@ def _compiled_kernel(C: Tensor):
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
-_pool: ThreadPoolExecutor | None = None
-
-
-def _thread_pool(workers: int) -> ThreadPoolExecutor:
-    """One process-wide pool for the kernel's chunks (a pool per call costs ~0.1 ms to start)."""
-    global _pool
-    if _pool is None or _pool._max_workers != workers:
-        if _pool is not None:
-            _pool.shutdown(wait=False)
-        _pool = ThreadPoolExecutor(workers, thread_name_prefix="reprlab-ot")
-    return _pool
 
 
 def _kernel_sinkhorn(
     lib, C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, tol: float | None, check_every: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor], int, str]:
-    """Solve the batch with the compiled kernel (:mod:`reprlab.ot.kernel`), chunks of problems in parallel on
-    ``torch.get_num_threads()`` Python threads (the kernel releases the GIL); float32 or float64.
+    """Solve the batch with the compiled kernel (:func:`reprlab.ot.kernel.solve`; float32 or float64).
 
     Returns:
         as :func:`_chunked_fast_sinkhorn`; iterations is the largest over problems, solver ``"sinkhorn-log"`` if
         any problem went through the log domain.
     """
-    work = C.dtype
-    Cw, aw, bw = (t.contiguous() for t in (C, a, b))
-    batch, n, m = Cw.shape
-    plan = torch.empty(batch, n, m, dtype=work)
-    f, rows = torch.empty(batch, n, dtype=work), torch.empty(batch, n, dtype=work)
-    g, cols = torch.empty(batch, m, dtype=work), torch.empty(batch, m, dtype=work)
-    cost = torch.empty(batch, dtype=torch.float64)
-    iters = torch.empty(batch, dtype=torch.int32)
-    flags = torch.empty(batch, dtype=torch.int32)
-    fn = lib.rl_ot_sinkhorn_f64 if work == torch.float64 else lib.rl_ot_sinkhorn_f32
-    ptrs = [t.data_ptr() for t in (plan, f, g, rows, cols, cost, iters, flags)]
-    head = (Cw.data_ptr(), aw.data_ptr(), bw.data_ptr())
-    tol_arg = -1.0 if tol is None else float(tol)
-
-    def solve(lo: int, hi: int) -> int:
-        return fn(*head, lo, hi, n, m, float(eps), n_iters, tol_arg, check_every, *ptrs)
-
-    workers = min(torch.get_num_threads(), batch)
-    if workers <= 1 or batch * n * m * n_iters < KERNEL_PARALLEL_WORK:
-        status = [solve(0, batch)]
-    else:
-        # a few chunks per worker, so a descheduled thread on a shared machine delays one chunk, not half the work
-        step = max(1, -(-batch // (4 * workers)))
-        bounds = [(lo, min(lo + step, batch)) for lo in range(0, batch, step)]
-        status = list(_thread_pool(workers).map(lambda lh: solve(*lh), bounds))
-    if any(status):
-        raise MemoryError("reprlab.ot compiled kernel: could not allocate its workspace")
-    bad = flags & 2
+    out = kernel.solve(lib, C, a, b, eps, n_iters, tol, check_every, KERNEL_PARALLEL_WORK)
+    bad = out.flags & kernel.NONFINITE_COST
     if bool(bad.any()):
         idx = torch.nonzero(bad).flatten()[:5].tolist()
         raise ValueError(f"non-finite cost at valid (non-padded) entries of batch problem(s) {idx}")
-    solver = "sinkhorn-log" if bool((flags & 1).any()) else "sinkhorn-scaling"
-    return f, g, plan, cost.to(work), (rows, cols), int(iters.max()), solver
+    solver = "sinkhorn-log" if bool((out.flags & kernel.USED_LOG).any()) else "sinkhorn-scaling"
+    return out.f, out.g, out.plan, out.cost.to(C.dtype), (out.rows, out.cols), int(out.iters.max()), solver
 
 
 def _validate(

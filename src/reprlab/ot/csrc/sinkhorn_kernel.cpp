@@ -233,7 +233,7 @@ struct Range<double> {
   static constexpr double LO = 0x1p-200, HI = 0x1p200;
 };
 
-enum Status : int32_t { USED_LOG = 1, NONFINITE_COST = 2 };
+enum Status : int32_t { USED_LOG = 1, NONFINITE_COST = 2, ABSORBED = 4 };  // as in kernel.py
 
 template <typename T>
 struct Work {
@@ -627,7 +627,10 @@ void solve_one(const Args<T>& A, Work<T>& w, int64_t p) {
       } else {
         done += block;
         if (check && done < A.iters && !(pr.scaling_marginal_error() > T(A.tol))) break;
-        if (st == 1) pr.absorb();
+        if (st == 1) {
+          pr.absorb();
+          flags |= ABSORBED;
+        }
         continue;
       }
     }
