@@ -37,9 +37,11 @@ log = logging.getLogger("reprlab.ot")
 USED_LOG = 1  # some block ran in the log domain (scalings over/underflowed)
 NONFINITE_COST = 2  # a valid cost is inf or NaN: the problem was not solved
 ABSORBED = 4  # scalings left [2^-30, 2^30] (float32) and were absorbed into the potentials
+BAD_A, BAD_B = 8, 16  # a weight is negative, inf or NaN: the problem was not solved
+EMPTY_A, EMPTY_B = 32, 64  # every weight is 0: the problem was not solved
 
 SOURCE = Path(__file__).with_name("csrc") / "sinkhorn_kernel.cpp"
-ABI_VERSION = 1  # must equal rl_ot_abi_version() in the source
+ABI_VERSION = 2  # must equal rl_ot_abi_version() in the source
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": ctypes.CDLL | None, "reason": str | None, "isa": str
@@ -124,16 +126,17 @@ def load(verbose: bool = False) -> ctypes.CDLL | None:
 
 class KernelOutput(NamedTuple):
     """What :func:`solve` returns: ``plan (batch, n, m)`` (zeros at padding), potentials ``f (batch, n)``,
-    ``g (batch, m)`` (zeros at padding), the plan's marginals ``rows (batch, n)``, ``cols (batch, m)``,
-    ``cost (batch,)`` float64 ``<P, C>``, ``iters (batch,)`` int32 iterations run per problem, ``flags (batch,)``
-    int32 bits :data:`USED_LOG`, :data:`NONFINITE_COST`, :data:`ABSORBED`."""
+    ``g (batch, m)`` (zeros at padding), float64 per problem: ``cost`` ``<P, C>``, ``err`` the plan's L1 marginal
+    error against the renormalised weights, ``ent`` ``eps * sum P (log P - 1)`` (so ``cost + ent`` is the
+    entropic objective); ``iters (batch,)`` int32 iterations run per problem, ``flags (batch,)`` int32 bits
+    (:data:`USED_LOG`, :data:`NONFINITE_COST`, :data:`ABSORBED`, :data:`BAD_A`, ...)."""
 
     plan: torch.Tensor
     f: torch.Tensor
     g: torch.Tensor
-    rows: torch.Tensor
-    cols: torch.Tensor
     cost: torch.Tensor
+    err: torch.Tensor
+    ent: torch.Tensor
     iters: torch.Tensor
     flags: torch.Tensor
 
@@ -163,8 +166,9 @@ def solve(
     check_every: int,
     parallel_work: int = 0,
 ) -> KernelOutput:
-    """Run the kernel on a CPU batch: ``C (batch, n, m)``, weights ``a (batch, n)``, ``b (batch, m)`` normalised
-    (zero = padding; every problem needs a valid point on each side), all float32 or all float64.
+    """Run the kernel on a CPU batch: ``C (batch, n, m)``, non-negative weights ``a (batch, n)``, ``b (batch, m)``
+    (zero = padding; renormalised per problem inside; a problem with a bad or all-zero side is flagged and not
+    solved), all float32 or all float64.
 
     Chunks of problems run on ``torch.get_num_threads()`` Python threads (ctypes releases the GIL), a few chunks
     per thread so that a descheduled thread on a shared machine delays one chunk, not half the batch; below
@@ -180,9 +184,9 @@ def solve(
         plan=torch.empty(batch, n, m, dtype=dtype),
         f=torch.empty(batch, n, dtype=dtype),
         g=torch.empty(batch, m, dtype=dtype),
-        rows=torch.empty(batch, n, dtype=dtype),
-        cols=torch.empty(batch, m, dtype=dtype),
         cost=torch.empty(batch, dtype=torch.float64),
+        err=torch.empty(batch, dtype=torch.float64),
+        ent=torch.empty(batch, dtype=torch.float64),
         iters=torch.empty(batch, dtype=torch.int32),
         flags=torch.empty(batch, dtype=torch.int32),
     )

@@ -146,6 +146,11 @@ def sinkhorn(
     unbatched = C.dim() == 2
     if unbatched:
         C, a, b = C.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0)
+    lib = _compiled_kernel(C) if grad == "envelope" else None
+    if lib is not None:
+        _check_args(C, a, b, eps, n_iters, check_every, grad)
+        result = _kernel_sinkhorn(lib, C, a, b, eps, n_iters, tol, check_every)
+        return result.squeeze_batch() if unbatched else result
     a, b = _validate(C, a, b, eps, n_iters, check_every, grad)
 
     if grad == "autograd":
@@ -157,15 +162,9 @@ def sinkhorn(
         solver, marginals = "sinkhorn-log", None
     else:
         with torch.no_grad():
-            lib = _compiled_kernel(C)
-            if lib is not None:
-                f, g, plan, cost_value, marginals, done, solver = _kernel_sinkhorn(
-                    lib, C.detach(), a, b, eps, n_iters, tol, check_every
-                )
-            else:
-                f, g, plan, cost_value, marginals, done, solver = _chunked_fast_sinkhorn(
-                    C.detach(), a, b, eps, n_iters, tol, check_every
-                )
+            f, g, plan, cost_value, marginals, done, solver = _chunked_fast_sinkhorn(
+                C.detach(), a, b, eps, n_iters, tol, check_every
+            )
         cost = _EnvelopeCost.apply(C, cost_value, plan) if C.requires_grad else cost_value
     result = finish_result(cost, plan, f, g, a, b, eps, done, tol, solver, marginals)
     return result.squeeze_batch() if unbatched else result
@@ -202,26 +201,76 @@ _KERNEL_DTYPES = (torch.float32, torch.float64)
 
 def _kernel_sinkhorn(
     lib, C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, tol: float | None, check_every: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, Tensor], int, str]:
-    """Solve the batch with the compiled kernel (:func:`reprlab.ot.kernel.solve`; float32 or float64).
-
-    Returns:
-        as :func:`_chunked_fast_sinkhorn`; iterations is the largest over problems, solver ``"sinkhorn-log"`` if
-        any problem went through the log domain.
-    """
-    out = kernel.solve(lib, C, a, b, eps, n_iters, tol, check_every, KERNEL_PARALLEL_WORK)
-    bad = out.flags & kernel.NONFINITE_COST
-    if bool(bad.any()):
-        idx = torch.nonzero(bad).flatten()[:5].tolist()
-        raise ValueError(f"non-finite cost at valid (non-padded) entries of batch problem(s) {idx}")
-    solver = "sinkhorn-log" if bool((out.flags & kernel.USED_LOG).any()) else "sinkhorn-scaling"
-    return out.f, out.g, out.plan, out.cost.to(C.dtype), (out.rows, out.cols), int(out.iters.max()), solver
+) -> SinkhornResult:
+    """Envelope-mode solve with the compiled kernel (:func:`reprlab.ot.kernel.solve`: the weights are checked and
+    renormalised, and the marginal error and entropy term computed, per problem inside it), float32 or float64.
+    Raises as :func:`_validate` and :func:`_check_finite` do, with the same messages."""
+    with torch.no_grad():
+        out = kernel.solve(
+            lib,
+            C.detach(),
+            a.detach().to(C.dtype),
+            b.detach().to(C.dtype),
+            eps,
+            n_iters,
+            tol,
+            check_every,
+            KERNEL_PARALLEL_WORK,
+        )
+    flags = out.flags
+    if bool(flags.any()):
+        for bit, name, what in (
+            (kernel.BAD_A, "a", "bad"), (kernel.BAD_B, "b", "bad"), (kernel.EMPTY_A, "a", "empty"),
+            (kernel.EMPTY_B, "b", "empty"), (kernel.NONFINITE_COST, "C", "cost"),
+        ):  # fmt: skip
+            hit = (flags & bit) != 0
+            if bool(hit.any()):
+                idx = torch.nonzero(hit).flatten()[:5].tolist()
+                if what == "bad":
+                    raise ValueError(f"weights {name} must be finite and >= 0; bad in batch problem(s) {idx}")
+                if what == "empty":
+                    raise ValueError(
+                        f"all-padding OT problem: weights {name} are all zero in batch problem(s) {idx}; "
+                        "every problem needs at least one valid point on each side"
+                    )
+                raise ValueError(f"non-finite cost at valid (non-padded) entries of batch problem(s) {idx}")
+    solver = "sinkhorn-log" if bool((flags & kernel.USED_LOG).any()) else "sinkhorn-scaling"
+    done = int(out.iters.max())
+    cost_value = out.cost.to(C.dtype)
+    cost = _EnvelopeCost.apply(C, cost_value, out.plan) if C.requires_grad else cost_value
+    if not bool(torch.isfinite(cost_value).all()):
+        bad = torch.nonzero(~torch.isfinite(cost_value)).flatten()[:5].tolist()
+        raise FloatingPointError(f"OT produced a non-finite cost in batch problem(s) {bad} (solver {solver})")
+    err = out.err.to(C.dtype)
+    converged = converged_mask(err, tol)
+    if tol is not None and not bool(converged.all()):
+        _warn_unconverged(solver, tol, done, err, converged)
+    return SinkhornResult(
+        cost=cost,
+        plan=out.plan,
+        f=out.f,
+        g=out.g,
+        marginal_error=err,
+        n_iters=done,
+        converged=converged,
+        reg_cost=cost + out.ent.to(C.dtype),  # the entropy term is a detached constant (see finish_result)
+        eps=eps,
+        solver=solver,
+    )
 
 
 def _validate(
     C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, check_every: int, grad: str
 ) -> tuple[Tensor, Tensor]:
     """Check shapes and options; return the renormalised weights ``(a, b)`` in ``C``'s dtype."""
+    _check_args(C, a, b, eps, n_iters, check_every, grad)
+    return normalise_weights(a.detach().to(C.dtype), "a"), normalise_weights(b.detach().to(C.dtype), "b")
+
+
+def _check_args(
+    C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, check_every: int, grad: str
+) -> None:
+    """Shapes, dtype and options (no pass over the data)."""
     if C.dim() != 3:
         raise ValueError(f"C must be (batch, n, m) or (n, m); got shape {tuple(C.shape)}")
     batch, n, m = C.shape
@@ -240,7 +289,6 @@ def _validate(
         raise ValueError(f"n_iters and check_every must be >= 1; got {n_iters} and {check_every}")
     if grad not in _GRAD_MODES:
         raise ValueError(f"grad must be one of {_GRAD_MODES}; got {grad!r}")
-    return normalise_weights(a.detach().to(C.dtype), "a"), normalise_weights(b.detach().to(C.dtype), "b")
 
 
 def normalise_weights(w: Tensor, name: str) -> Tensor:
@@ -594,6 +642,16 @@ def marginal_error(plan: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return (plan.sum(2) - a).abs().sum(1) + (plan.sum(1) - b).abs().sum(1)
 
 
+def _warn_unconverged(solver: str, tol: float, done: int, err: Tensor, converged: Tensor) -> None:
+    warnings.warn(
+        f"OT ({solver}) did not reach tol={tol:g} after {done} iterations: largest marginal error "
+        f"{float(err.max()):.3g} in {int((~converged).sum())} of {len(err)} problems. "
+        "Increase n_iters or eps.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def finish_result(
     cost: Tensor,
     plan: Tensor,
@@ -633,13 +691,7 @@ def finish_result(
         raise FloatingPointError(f"OT produced a non-finite cost in batch problem(s) {bad} (solver {solver})")
     converged = converged_mask(err, tol)
     if tol is not None and not bool(converged.all()):
-        warnings.warn(
-            f"OT ({solver}) did not reach tol={tol:g} after {done} iterations: largest marginal error "
-            f"{float(err.max()):.3g} in {int((~converged).sum())} of {len(err)} problems. "
-            "Increase n_iters or eps.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _warn_unconverged(solver, tol, done, err, converged)
     zero = torch.zeros((), dtype=f.dtype, device=f.device)
     return SinkhornResult(
         cost=cost,

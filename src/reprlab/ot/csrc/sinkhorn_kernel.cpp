@@ -233,13 +233,21 @@ struct Range<double> {
   static constexpr double LO = 0x1p-200, HI = 0x1p200;
 };
 
-enum Status : int32_t { USED_LOG = 1, NONFINITE_COST = 2, ABSORBED = 4 };  // as in kernel.py
+enum Status : int32_t {  // as in kernel.py
+  USED_LOG = 1,
+  NONFINITE_COST = 2,
+  ABSORBED = 4,
+  BAD_A = 8,     // a weight of a is negative, inf or NaN
+  BAD_B = 16,
+  EMPTY_A = 32,  // every weight of a is 0
+  EMPTY_B = 64,
+};
 
 template <typename T>
 struct Work {
   // One problem's dense copy of its valid entries and the iteration state, padded to the vector width.
   int64_t n, m, np, mp;  // valid sizes, padded sizes
-  T *Cl, *K, *KT, *s, *u, *t, *v, *accn, *accm, *a, *b, *f, *g, *tmp, *t0, *loga, *logb;
+  T *Cl, *K, *KT, *s, *u, *t, *v, *accn, *accm, *a, *b, *f, *g, *tmp, *t0, *loga, *logb, *rows;
   bool cols_prefix;
   int64_t *ri, *ci;
   void* mem;
@@ -248,7 +256,7 @@ struct Work {
     const int64_t npm = round_up(n_max, W), mpm = round_up(m_max, W);
     const int64_t big = n_max * mpm, bigT = mpm * npm;
     const int64_t vec = npm > mpm ? npm : mpm;
-    const int64_t total_T = 2 * big + bigT + 5 * npm + 6 * mpm + 3 * vec + 16 * W;
+    const int64_t total_T = 2 * big + bigT + 6 * npm + 6 * mpm + 3 * vec + 16 * W;
     const size_t bytes = round_up(total_T * sizeof(T) + (n_max + m_max) * sizeof(int64_t) + 64, 64);
     mem = std::aligned_alloc(64, bytes);
     if (!mem) return false;
@@ -275,6 +283,7 @@ struct Work {
     t0 = take(mpm);
     loga = take(npm);
     logb = take(mpm);
+    rows = take(npm);
     ri = reinterpret_cast<int64_t*>(p);
     ci = ri + n_max;
     return true;
@@ -457,15 +466,35 @@ struct Args {
   int64_t iters;
   double tol;  // < 0: none
   int64_t check_every;
-  T *plan, *f, *g, *rows, *cols;
-  double* cost;
+  T *plan, *f, *g;
+  double *cost, *err, *ent;  // <P, C>; L1 marginal error; eps * sum P (log P - 1), log P from the potentials
   int32_t *iters_out, *flags;
 };
 
-// Gather the valid rows/columns of problem p into w (dense, padded to the vector width); f = row minimum.
-// Returns false if a valid cost is not finite.
+// Check problem p's weights (flags BAD_* / EMPTY_*, 0 if fine) and their sums.
 template <typename T>
-bool gather(const Args<T>& A, Work<T>& w, int64_t p) {
+int32_t check_weights(const Args<T>& A, int64_t p, T& suma, T& sumb) {
+  const T* ap = A.a + p * A.n;
+  const T* bp = A.b + p * A.m;
+  int32_t flags = 0;
+  suma = sumb = T(0);
+  for (int64_t i = 0; i < A.n; ++i) {
+    if (!(ap[i] >= T(0) && ap[i] <= std::numeric_limits<T>::max())) flags |= BAD_A;
+    suma += ap[i];
+  }
+  for (int64_t j = 0; j < A.m; ++j) {
+    if (!(bp[j] >= T(0) && bp[j] <= std::numeric_limits<T>::max())) flags |= BAD_B;
+    sumb += bp[j];
+  }
+  if (!(flags & BAD_A) && !(suma > T(0))) flags |= EMPTY_A;
+  if (!(flags & BAD_B) && !(sumb > T(0))) flags |= EMPTY_B;
+  return flags;
+}
+
+// Gather the valid rows/columns of problem p into w (dense, padded to the vector width), weights renormalised to
+// sum to 1; f = row minimum. Returns false if a valid cost is not finite.
+template <typename T>
+bool gather(const Args<T>& A, Work<T>& w, int64_t p, T suma, T sumb) {
   typedef typename Vec<T>::V V;
   constexpr int W = Vec<T>::W;
   const int64_t N = A.n, M = A.m;
@@ -507,11 +536,11 @@ bool gather(const Args<T>& A, Work<T>& w, int64_t p) {
   for (int q = 0; q < W; ++q)
     if (nonfinite[q] != T(0)) return false;
   for (int64_t i = 0; i < w.np; ++i) {
-    w.a[i] = i < n ? ap[w.ri[i]] : T(0);
+    w.a[i] = i < n ? ap[w.ri[i]] / suma : T(0);
     if (i >= n) w.f[i] = T(0);
   }
   for (int64_t j = 0; j < w.mp; ++j) {
-    w.b[j] = j < m ? bp[w.ci[j]] : T(0);
+    w.b[j] = j < m ? bp[w.ci[j]] / sumb : T(0);
     w.g[j] = T(0);
   }
   return true;
@@ -527,12 +556,9 @@ void write_outputs(const Args<T>& A, Work<T>& w, Problem<T>& pr, int64_t p, bool
   T* P = A.plan + p * N * M;
   T* fo = A.f + p * N;
   T* go = A.g + p * M;
-  T* ro = A.rows + p * N;
-  T* co = A.cols + p * M;
+  T* ro = w.rows;  // the plan's row sums, in the gathered (valid-row) order
   std::memset(fo, 0, sizeof(T) * N);
   std::memset(go, 0, sizeof(T) * M);
-  std::memset(ro, 0, sizeof(T) * N);
-  std::memset(co, 0, sizeof(T) * M);
   for (int64_t j = 0; j < mp; ++j) w.accm[j] = T(0);  // column sums
   for (int64_t j = m; j < mp; ++j) w.v[j] = T(0);  // padding lanes may hold 0 * inf from the iteration
   if (log_state) {  // the plan from the potentials, into K (no longer needed)
@@ -573,29 +599,41 @@ void write_outputs(const Args<T>& A, Work<T>& w, Problem<T>& pr, int64_t p, bool
       std::memset(Prow, 0, sizeof(T) * M);
       for (int64_t j = 0; j < m; ++j) Prow[w.ci[j]] = w.tmp[j];
     }
-    ro[r] = row;
+    ro[i] = row;
     cost += c_row;
   }
   if (N > next) std::memset(P + next * M, 0, sizeof(T) * M * (N - next));
-  for (int64_t j = 0; j < m; ++j) co[w.ci[j]] = w.accm[j];
-  if (log_state) {
-    for (int64_t i = 0; i < n; ++i) fo[w.ri[i]] = w.f[i];
-    for (int64_t j = 0; j < m; ++j) go[w.ci[j]] = w.g[j];
-  } else {
+  if (!log_state) {
     pr.add_eps_log(w.f, w.s, n);
     pr.add_eps_log(w.g, w.t, m);
-    for (int64_t i = 0; i < n; ++i) fo[w.ri[i]] = w.f[i];
-    for (int64_t j = 0; j < m; ++j) go[w.ci[j]] = w.g[j];
+  }
+  for (int64_t i = 0; i < n; ++i) fo[w.ri[i]] = w.f[i];
+  for (int64_t j = 0; j < m; ++j) go[w.ci[j]] = w.g[j];
+  // L1 marginal error, and the entropy term through the marginals: log P = log a + log b + (f + g - C) / eps, so
+  // eps sum P log P = sum_i rows_i (eps log a_i + f_i) + sum_j cols_j (eps log b_j + g_j) - <P, C>.
+  double err = 0, plogp = -cost, mass = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    err += std::fabs(double(ro[i]) - double(w.a[i]));
+    plogp += double(ro[i]) * (double(A.eps) * std::log(double(w.a[i])) + double(w.f[i]));
+    mass += double(ro[i]);
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    err += std::fabs(double(w.accm[j]) - double(w.b[j]));
+    plogp += double(w.accm[j]) * (double(A.eps) * std::log(double(w.b[j])) + double(w.g[j]));
   }
   A.cost[p] = cost;
+  A.err[p] = err;
+  A.ent[p] = plogp - double(A.eps) * mass;
 }
 
 template <typename T>
 void solve_one(const Args<T>& A, Work<T>& w, int64_t p) {
-  if (!gather(A, w, p)) {
-    A.flags[p] = NONFINITE_COST;
+  T suma, sumb;
+  const int32_t bad = check_weights(A, p, suma, sumb);
+  if (bad || !gather(A, w, p, suma, sumb)) {
+    A.flags[p] = bad ? bad : NONFINITE_COST;
     A.iters_out[p] = 0;
-    A.cost[p] = NAN;
+    A.cost[p] = A.err[p] = A.ent[p] = NAN;
     return;
   }
   Problem<T> pr(w, A.eps);
@@ -684,21 +722,21 @@ double rl_ot_fma_probe(int64_t reps, float seed) {
 }
 
 // ABI version: kernel.py refuses a cached library whose version differs.
-int rl_ot_abi_version() { return 1; }
+int rl_ot_abi_version() { return 2; }
 
 int rl_ot_sinkhorn_f32(const float* C, const float* a, const float* b, int64_t lo, int64_t hi, int64_t n,
                        int64_t m, double eps, int64_t iters, double tol, int64_t check_every, float* plan,
-                       float* f, float* g, float* rows, float* cols, double* cost, int32_t* iters_out,
+                       float* f, float* g, double* cost, double* err, double* ent, int32_t* iters_out,
                        int32_t* flags) {
-  Args<float> A{C, a, b, n, m, float(eps), iters, tol, check_every, plan, f, g, rows, cols, cost, iters_out, flags};
+  Args<float> A{C, a, b, n, m, float(eps), iters, tol, check_every, plan, f, g, cost, err, ent, iters_out, flags};
   return solve_range(A, lo, hi);
 }
 
 int rl_ot_sinkhorn_f64(const double* C, const double* a, const double* b, int64_t lo, int64_t hi, int64_t n,
                        int64_t m, double eps, int64_t iters, double tol, int64_t check_every, double* plan,
-                       double* f, double* g, double* rows, double* cols, double* cost, int32_t* iters_out,
+                       double* f, double* g, double* cost, double* err, double* ent, int32_t* iters_out,
                        int32_t* flags) {
-  Args<double> A{C, a, b, n, m, eps, iters, tol, check_every, plan, f, g, rows, cols, cost, iters_out, flags};
+  Args<double> A{C, a, b, n, m, eps, iters, tol, check_every, plan, f, g, cost, err, ent, iters_out, flags};
   return solve_range(A, lo, hi);
 }
 
