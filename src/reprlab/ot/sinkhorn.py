@@ -29,6 +29,10 @@ to 1 and cannot underflow. If a block ever yields a non-finite or zero scaling (
 the cost range), that block is redone, and the rest finished, in the log domain, where ``log 0`` is clamped
 to ``-1e5`` (geomloss's constant) so padding cannot produce ``-inf - (-inf) = NaN``. Both paths are the
 same iteration and differ only by rounding. The batch is processed in cache-sized chunks.
+
+On CPU in envelope mode the same scheme runs in the compiled kernel (:mod:`reprlab.ot.kernel`), one problem at
+a time with its kernel resident in cache, padding skipped, absorption and log-domain blocks per problem; the
+PyTorch code here is its fallback and the path on other devices and for ``grad="autograd"`` (docs/ot.md).
 """
 
 from __future__ import annotations
@@ -116,10 +120,10 @@ def sinkhorn(
         n_iters: maximum number of iterations (``f`` then ``g`` update); without ``tol`` every problem runs
             this many.
         tol: optional tolerance on the L1 marginal error, checked every ``check_every`` iterations. When
-            given, on the scaling path each problem stops at its first check below it
-            (:data:`RETIRE_CONVERGED`: the others go on as one compacted batch; ``n_iters`` of the result is the
-            largest count); with ``grad="autograd"`` or after a log-domain fallback the batch stops when its
-            largest error is below it. A ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at
+            given, in the compiled kernel and on the PyTorch scaling path each problem stops at its first check
+            below it (:data:`RETIRE_CONVERGED`: the others go on as one compacted batch; ``n_iters`` of the result
+            is the largest count); with ``grad="autograd"`` or after a PyTorch-path log-domain fallback the batch
+            stops when its largest error is below it. A ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at
             the end.
         check_every: iterations between convergence checks (and, on the fast path, kernel absorptions).
         grad: ``"envelope"`` (default): iterations run without autograd, the plan is detached and the
