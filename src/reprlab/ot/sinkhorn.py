@@ -29,10 +29,15 @@ to 1 and cannot underflow. If a block ever yields a non-finite or zero scaling (
 the cost range), that block is redone, and the rest finished, in the log domain, where ``log 0`` is clamped
 to ``-1e5`` (geomloss's constant) so padding cannot produce ``-inf - (-inf) = NaN``. Both paths are the
 same iteration and differ only by rounding. The batch is processed in cache-sized chunks.
+
+On CPU in envelope mode the same scheme runs in the compiled kernel (:mod:`reprlab.ot.kernel`), one problem at
+a time with its kernel resident in cache, padding skipped, absorption and log-domain blocks per problem; the
+PyTorch code here is its fallback and the path on other devices and for ``grad="autograd"`` (docs/ot.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from reprlab.ot import kernel
 from reprlab.ot.result import SinkhornResult, converged_mask
 
 # geomloss clamps log(0) to -1e5: exp() of it is exactly 0 in float32/64, and differences of two padded
@@ -74,6 +80,21 @@ NUMPY_SMALL = True
 # (docs/ot.md). False = the whole chunk runs until its largest error meets ``tol`` (the old rule).
 RETIRE_CONVERGED = True
 
+# [ours, measured] CPU, envelope mode: solve with the compiled kernel (reprlab.ot.kernel: each problem's kernel
+# and scalings stay in cache for all its iterations, padding skipped, per-problem stopping and log-domain
+# fallback); the PyTorch paths below are the fallback when it cannot be built, and run on other devices and
+# for grad="autograd". B = 4096 x 49 x <=32 at 50 iterations: see docs/ot.md. False = the PyTorch paths.
+COMPILED = True
+
+# [ours] Below this many entry-iterations (batch * n * m * n_iters) the kernel runs on the calling thread:
+# ~1e6 take ~1 ms, comparable to handing chunks to worker threads.
+KERNEL_PARALLEL_WORK = 2_000_000
+
+# [ours, measured] bfloat16 / float16 costs are solved in float32 and every result field is rounded back to the
+# input's dtype: iterating in half precision leaves marginal errors of ~1e-2 (docs/ot.md, bench_ot.py --dtypes).
+# False = iterate in the input's dtype (the old behaviour).
+HALF_IN_FLOAT32 = True
+
 _GRAD_MODES = ("envelope", "autograd")
 
 
@@ -99,10 +120,10 @@ def sinkhorn(
         n_iters: maximum number of iterations (``f`` then ``g`` update); without ``tol`` every problem runs
             this many.
         tol: optional tolerance on the L1 marginal error, checked every ``check_every`` iterations. When
-            given, on the scaling path each problem stops at its first check below it
-            (:data:`RETIRE_CONVERGED`: the others go on as one compacted batch; ``n_iters`` of the result is the
-            largest count); with ``grad="autograd"`` or after a log-domain fallback the batch stops when its
-            largest error is below it. A ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at
+            given, in the compiled kernel and on the PyTorch scaling path each problem stops at its first check
+            below it (:data:`RETIRE_CONVERGED`: the others go on as one compacted batch; ``n_iters`` of the result
+            is the largest count); with ``grad="autograd"`` or after a PyTorch-path log-domain fallback the batch
+            stops when its largest error is below it. A ``RuntimeWarning`` is emitted if any problem is still above ``tol`` at
             the end.
         check_every: iterations between convergence checks (and, on the fast path, kernel absorptions).
         grad: ``"envelope"`` (default): iterations run without autograd, the plan is detached and the
@@ -116,9 +137,24 @@ def sinkhorn(
         ValueError: on bad shapes, negative or non-finite weights, a problem whose weights are all zero
             (the message names the batch index), non-finite costs at valid entries, ``eps <= 0``.
     """
+    if HALF_IN_FLOAT32 and C.dtype in (torch.bfloat16, torch.float16):
+        # solved in float32 (differentiably cast), every field rounded back to the input's dtype
+        res = sinkhorn(C.float(), a.float(), b.float(), eps, n_iters, tol, check_every, grad)
+        return dataclasses.replace(
+            res,
+            **{
+                k: getattr(res, k).to(C.dtype)
+                for k in ("cost", "plan", "f", "g", "marginal_error", "reg_cost")
+            },
+        )
     unbatched = C.dim() == 2
     if unbatched:
         C, a, b = C.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0)
+    lib = _compiled_kernel(C) if grad == "envelope" else None
+    if lib is not None:
+        _check_args(C, a, b, eps, n_iters, check_every, grad)
+        result = _kernel_sinkhorn(lib, C, a, b, eps, n_iters, tol, check_every)
+        return result.squeeze_batch() if unbatched else result
     a, b = _validate(C, a, b, eps, n_iters, check_every, grad)
 
     if grad == "autograd":
@@ -156,10 +192,89 @@ class _EnvelopeCost(torch.autograd.Function):
         return grad_cost[:, None, None] * plan, None, None
 
 
+def _compiled_kernel(C: Tensor):
+    """The compiled kernel if it applies to ``C`` (CPU, a floating dtype, :data:`COMPILED` and
+    :data:`RETIRE_CONVERGED` on: it always stops per problem) and could be built, else ``None``."""
+    if not (COMPILED and RETIRE_CONVERGED) or C.device.type != "cpu" or C.dtype not in _KERNEL_DTYPES:
+        return None
+    return kernel.load()
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def _kernel_sinkhorn(
+    lib, C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, tol: float | None, check_every: int
+) -> SinkhornResult:
+    """Envelope-mode solve with the compiled kernel (:func:`reprlab.ot.kernel.solve`: the weights are checked and
+    renormalised, and the marginal error and entropy term computed, per problem inside it), float32 or float64.
+    Raises as :func:`_validate` and :func:`_check_finite` do, with the same messages."""
+    with torch.no_grad():
+        out = kernel.solve(
+            lib,
+            C.detach(),
+            a.detach().to(C.dtype),
+            b.detach().to(C.dtype),
+            eps,
+            n_iters,
+            tol,
+            check_every,
+            KERNEL_PARALLEL_WORK,
+        )
+    flags = out.flags
+    if bool(flags.any()):
+        for bit, name, what in (
+            (kernel.BAD_A, "a", "bad"), (kernel.BAD_B, "b", "bad"), (kernel.EMPTY_A, "a", "empty"),
+            (kernel.EMPTY_B, "b", "empty"), (kernel.NONFINITE_COST, "C", "cost"),
+        ):  # fmt: skip
+            hit = (flags & bit) != 0
+            if bool(hit.any()):
+                idx = torch.nonzero(hit).flatten()[:5].tolist()
+                if what == "bad":
+                    raise ValueError(f"weights {name} must be finite and >= 0; bad in batch problem(s) {idx}")
+                if what == "empty":
+                    raise ValueError(
+                        f"all-padding OT problem: weights {name} are all zero in batch problem(s) {idx}; "
+                        "every problem needs at least one valid point on each side"
+                    )
+                raise ValueError(f"non-finite cost at valid (non-padded) entries of batch problem(s) {idx}")
+    solver = "sinkhorn-log" if bool((flags & kernel.USED_LOG).any()) else "sinkhorn-scaling"
+    done = int(out.iters.max())
+    cost_value = out.cost.to(C.dtype)
+    cost = _EnvelopeCost.apply(C, cost_value, out.plan) if C.requires_grad else cost_value
+    if not bool(torch.isfinite(cost_value).all()):
+        bad = torch.nonzero(~torch.isfinite(cost_value)).flatten()[:5].tolist()
+        raise FloatingPointError(f"OT produced a non-finite cost in batch problem(s) {bad} (solver {solver})")
+    err = out.err.to(C.dtype)
+    converged = converged_mask(err, tol)
+    if tol is not None and not bool(converged.all()):
+        _warn_unconverged(solver, tol, done, err, converged)
+    return SinkhornResult(
+        cost=cost,
+        plan=out.plan,
+        f=out.f,
+        g=out.g,
+        marginal_error=err,
+        n_iters=done,
+        converged=converged,
+        reg_cost=cost + out.ent.to(C.dtype),  # the entropy term is a detached constant (see finish_result)
+        eps=eps,
+        solver=solver,
+    )
+
+
 def _validate(
     C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, check_every: int, grad: str
 ) -> tuple[Tensor, Tensor]:
     """Check shapes and options; return the renormalised weights ``(a, b)`` in ``C``'s dtype."""
+    _check_args(C, a, b, eps, n_iters, check_every, grad)
+    return normalise_weights(a.detach().to(C.dtype), "a"), normalise_weights(b.detach().to(C.dtype), "b")
+
+
+def _check_args(
+    C: Tensor, a: Tensor, b: Tensor, eps: float, n_iters: int, check_every: int, grad: str
+) -> None:
+    """Shapes, dtype and options (no pass over the data)."""
     if C.dim() != 3:
         raise ValueError(f"C must be (batch, n, m) or (n, m); got shape {tuple(C.shape)}")
     batch, n, m = C.shape
@@ -178,7 +293,6 @@ def _validate(
         raise ValueError(f"n_iters and check_every must be >= 1; got {n_iters} and {check_every}")
     if grad not in _GRAD_MODES:
         raise ValueError(f"grad must be one of {_GRAD_MODES}; got {grad!r}")
-    return normalise_weights(a.detach().to(C.dtype), "a"), normalise_weights(b.detach().to(C.dtype), "b")
 
 
 def normalise_weights(w: Tensor, name: str) -> Tensor:
@@ -532,6 +646,16 @@ def marginal_error(plan: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return (plan.sum(2) - a).abs().sum(1) + (plan.sum(1) - b).abs().sum(1)
 
 
+def _warn_unconverged(solver: str, tol: float, done: int, err: Tensor, converged: Tensor) -> None:
+    warnings.warn(
+        f"OT ({solver}) did not reach tol={tol:g} after {done} iterations: largest marginal error "
+        f"{float(err.max()):.3g} in {int((~converged).sum())} of {len(err)} problems. "
+        "Increase n_iters or eps.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def finish_result(
     cost: Tensor,
     plan: Tensor,
@@ -571,13 +695,7 @@ def finish_result(
         raise FloatingPointError(f"OT produced a non-finite cost in batch problem(s) {bad} (solver {solver})")
     converged = converged_mask(err, tol)
     if tol is not None and not bool(converged.all()):
-        warnings.warn(
-            f"OT ({solver}) did not reach tol={tol:g} after {done} iterations: largest marginal error "
-            f"{float(err.max()):.3g} in {int((~converged).sum())} of {len(err)} problems. "
-            "Increase n_iters or eps.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _warn_unconverged(solver, tol, done, err, converged)
     zero = torch.zeros((), dtype=f.dtype, device=f.device)
     return SinkhornResult(
         cost=cost,

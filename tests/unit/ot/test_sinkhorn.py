@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reprlab.ot import sinkhorn
+from reprlab.ot import kernel, sinkhorn
 
 # `reprlab.ot.sinkhorn` the attribute is the function; the module is needed for helpers and CHUNK.
 sk = importlib.import_module("reprlab.ot.sinkhorn")
@@ -32,9 +32,9 @@ def _problem(batch, n, m, seed=0, dtype=F64, scale=1.0):
 shapes = st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 7), st.integers(0, 10_000))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes, st.sampled_from([0.1, 0.3, 1.0]))
-def test_marginals_match_weights_at_convergence(shape, eps):
+def test_marginals_match_weights_at_convergence(solver_path, shape, eps):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
     r = sinkhorn(C, a, b, eps, n_iters=400)
@@ -46,9 +46,9 @@ def test_marginals_match_weights_at_convergence(shape, eps):
     assert bool((r.plan >= 0).all())
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes)
-def test_permuting_points_permutes_plan(shape):
+def test_permuting_points_permutes_plan(solver_path, shape):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -60,9 +60,9 @@ def test_permuting_points_permutes_plan(shape):
     torch.testing.assert_close(rp.cost, r.cost, atol=1e-12, rtol=1e-10)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes)
-def test_symmetric_cost_gives_symmetric_distance(shape):
+def test_symmetric_cost_gives_symmetric_distance(solver_path, shape):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
     # OT(a, b; C) = OT(b, a; C^T): a symmetric cost function gives a symmetric distance. The update order
@@ -73,9 +73,9 @@ def test_symmetric_cost_gives_symmetric_distance(shape):
     torch.testing.assert_close(rt.plan, r.plan.transpose(1, 2), atol=1e-10, rtol=0)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes, st.floats(-3.0, 3.0))
-def test_translating_cost_shifts_cost_by_constant(shape, shift):
+def test_translating_cost_shifts_cost_by_constant(solver_path, shape, shift):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
     r = sinkhorn(C, a, b, 0.2, n_iters=60)
@@ -86,7 +86,7 @@ def test_translating_cost_shifts_cost_by_constant(shape, shift):
     torch.testing.assert_close(rs.cost, r.cost + shift, atol=1e-10, rtol=0)
 
 
-def test_scaling_path_equals_log_domain_path():
+def test_scaling_path_equals_log_domain_path(solver_path):
     C, a, b = _problem(5, 9, 6, seed=3)
     fast = sinkhorn(C, a, b, 0.05, n_iters=37, check_every=10)
     slow = sinkhorn(C, a, b, 0.05, n_iters=37, grad="autograd")
@@ -99,7 +99,7 @@ def test_scaling_path_equals_log_domain_path():
 
 
 @pytest.mark.parametrize("tol", [None, 1e-6])
-def test_small_problem_path_equals_batched_gemv_path(monkeypatch, tol):
+def test_small_problem_path_equals_batched_gemv_path(monkeypatch, tol, torch_path):
     """Problems of <= SMALL_PROBLEM entries iterate with broadcast products; larger ones with bmm: the same
     iterates (float64: to rounding), with and without a tolerance (same stopping iteration)."""
     C, a, b = _problem(7, 9, 6, seed=4)
@@ -115,7 +115,7 @@ def test_small_problem_path_equals_batched_gemv_path(monkeypatch, tol):
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 @pytest.mark.parametrize("tol", [None, 1e-6, 1e-3])
-def test_numpy_small_path_equals_torch_small_path(monkeypatch, dtype, tol):
+def test_numpy_small_path_equals_torch_small_path(monkeypatch, dtype, tol, torch_path):
     """NUMPY_SMALL runs the same blocks as the torch broadcast-product path with the weights folded into the
     kernels and a mat-vec convergence check: same iterates up to rounding, same stopping iteration, same
     outputs; padding included."""
@@ -135,7 +135,7 @@ def test_numpy_small_path_equals_torch_small_path(monkeypatch, dtype, tol):
     assert torch.equal(fast.converged, ref.converged)
 
 
-def test_numpy_small_path_hands_over_to_the_log_domain_like_the_torch_path(monkeypatch):
+def test_numpy_small_path_hands_over_to_the_log_domain_like_the_torch_path(monkeypatch, torch_path):
     C, a, b = _problem(4, 7, 5, seed=4, scale=2.0)
     a[1, 4:] = 0
     b[2, :3] = 0
@@ -147,14 +147,14 @@ def test_numpy_small_path_hands_over_to_the_log_domain_like_the_torch_path(monke
     torch.testing.assert_close(fast.cost, ref.cost, atol=1e-12, rtol=1e-9)
 
 
-def test_plan_is_gibbs_form_of_potentials():
+def test_plan_is_gibbs_form_of_potentials(solver_path):
     C, a, b = _problem(3, 6, 4, seed=5)
     r = sinkhorn(C, a, b, 0.1, n_iters=30)
     a_n, b_n = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
     torch.testing.assert_close(sk.gibbs_plan(C, a_n, b_n, r.f, r.g, 0.1), r.plan, atol=1e-12, rtol=1e-9)
 
 
-def test_ragged_batch_equals_problems_one_at_a_time():
+def test_ragged_batch_equals_problems_one_at_a_time(solver_path):
     g = torch.Generator().manual_seed(7)
     batch, n, m = 6, 8, 5
     C = torch.rand(batch, n, m, generator=g, dtype=F64)
@@ -175,7 +175,7 @@ def test_ragged_batch_equals_problems_one_at_a_time():
     assert torch.isfinite(r.f).all() and torch.isfinite(r.g).all()
 
 
-def test_chunked_batch_equals_unchunked(monkeypatch):
+def test_chunked_batch_equals_unchunked(monkeypatch, torch_path):
     C, a, b = _problem(11, 6, 4, seed=9)
     b[3, 2:] = 0
     whole = sinkhorn(C, a, b, 0.1, n_iters=25)
@@ -185,14 +185,14 @@ def test_chunked_batch_equals_unchunked(monkeypatch):
     torch.testing.assert_close(chunked.cost, whole.cost, atol=1e-15, rtol=0)
 
 
-def test_all_padding_problem_raises_with_index():
+def test_all_padding_problem_raises_with_index(solver_path):
     C, a, b = _problem(4, 5, 3)
     b[2] = 0
     with pytest.raises(ValueError, match=r"all-padding.*\[2\]"):
         sinkhorn(C, a, b, 0.1)
 
 
-def test_bad_inputs_raise_clear_errors():
+def test_bad_inputs_raise_clear_errors(solver_path):
     C, a, b = _problem(2, 5, 3)
     with pytest.raises(ValueError, match="eps"):
         sinkhorn(C, a, b, 0.0)
@@ -211,14 +211,14 @@ def test_bad_inputs_raise_clear_errors():
         sinkhorn(C32, a, b, 0.1)
 
 
-def test_warns_when_tolerance_not_met():
+def test_warns_when_tolerance_not_met(solver_path):
     C, a, b = _problem(3, 6, 5, seed=2)
     with pytest.warns(RuntimeWarning, match="did not reach tol"):
         r = sinkhorn(C, a, b, 0.01, n_iters=2, tol=1e-9)
     assert not bool(r.converged.all())
 
 
-def test_tolerance_stops_early_without_warning():
+def test_tolerance_stops_early_without_warning(solver_path):
     C, a, b = _problem(3, 6, 5, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -231,7 +231,7 @@ def test_tolerance_stops_early_without_warning():
 # Log-domain exponents are f/eps ~ 2/1e-4 = 2e4; float32 rounds them to ~2e4 * 6e-8 ~ 1e-3 absolute, which
 # is the plan's relative error, so mass is 1 to ~1e-3 in float32 and to ~1e-11 in float64.
 @pytest.mark.parametrize("dtype,mass_tol", [(torch.float32, 2e-3), (F64, 1e-10)])
-def test_tiny_eps_never_nan(dtype, mass_tol):
+def test_tiny_eps_never_nan(solver_path, dtype, mass_tol):
     C, a, b = _problem(4, 7, 5, seed=4, dtype=dtype, scale=2.0)
     a[1, 4:] = 0
     b[2, :3] = 0
@@ -244,7 +244,7 @@ def test_tiny_eps_never_nan(dtype, mass_tol):
     torch.testing.assert_close(r.plan.sum((1, 2)), torch.ones(4, dtype=dtype), atol=mass_tol, rtol=0)
 
 
-def test_envelope_gradient_is_the_plan():
+def test_envelope_gradient_is_the_plan(solver_path):
     C, a, b = _problem(3, 5, 4, seed=6)
     C.requires_grad_(True)
     w = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
@@ -254,7 +254,7 @@ def test_envelope_gradient_is_the_plan():
     assert not r.plan.requires_grad
 
 
-def test_envelope_gradient_matches_finite_differences_of_the_objective():
+def test_envelope_gradient_matches_finite_differences_of_the_objective(solver_path):
     # d/dC [min_P <P, C> - eps H(P)] = P* (Danskin), so finite differences of reg_cost must match the
     # envelope gradient once the solver has converged (eps = 1: 150 iterations reach machine precision).
     C, a, b = _problem(2, 4, 3, seed=8)
@@ -277,7 +277,7 @@ def test_autograd_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(cost, (C,), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-def test_unbatched_inputs_give_unbatched_fields():
+def test_unbatched_inputs_give_unbatched_fields(solver_path):
     C, a, b = _problem(1, 5, 3, seed=11)
     r = sinkhorn(C[0], a[0], b[0], 0.1, n_iters=20)
     rb = sinkhorn(C, a, b, 0.1, n_iters=20)
@@ -285,7 +285,7 @@ def test_unbatched_inputs_give_unbatched_fields():
     torch.testing.assert_close(r.plan, rb.plan[0], atol=0, rtol=0)
 
 
-def test_float32_fast_path_on_the_full_cosine_range():
+def test_float32_fast_path_on_the_full_cosine_range(solver_path):
     # Worst case for the scaling domain at the OTCCLIP setting: costs at both ends of [0, 2] at eps = 0.05,
     # so kernel entries reach exp(-40) ~ 4e-18 (still a normal float32). The fast path must stay on the
     # scaling domain and agree with the float64 log-domain solve; 1e-5 is the benchmark's accuracy target.
@@ -316,13 +316,17 @@ def _mixed_speed_batch(dtype=F64):
     return C, a, b
 
 
-@pytest.mark.parametrize("path", ["numpy", "torch_small", "torch_bmm"])
+@pytest.mark.parametrize("path", ["compiled", "numpy", "torch_small", "torch_bmm"])
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_retired_problems_stop_where_each_problem_alone_stops(monkeypatch, path, dtype):
     """RETIRE_CONVERGED: with a tolerance every problem stops at its own first check below it, so a batch gives
-    what each problem solved alone gives (the oracle: independent problems), on all three scaling paths; the
-    batch reports the largest iteration count. The old rule (the chunk runs until its slowest problem meets
-    the tolerance) keeps iterating the fast problems, which the same comparison catches."""
+    what each problem solved alone gives (the oracle: independent problems), on the compiled kernel and the
+    three PyTorch scaling paths; the batch reports the largest iteration count. The old rule (the chunk runs
+    until its slowest problem meets the tolerance; PyTorch path only) keeps iterating the fast problems, which
+    the same comparison catches."""
+    if path == "compiled" and kernel.load() is None:
+        pytest.skip(f"compiled kernel unavailable: {kernel.unavailable_reason()}")
+    monkeypatch.setattr(sk, "COMPILED", path == "compiled")
     monkeypatch.setattr(sk, "NUMPY_SMALL", path == "numpy")
     if path == "torch_bmm":
         monkeypatch.setattr(sk, "SMALL_PROBLEM", 0)
@@ -362,7 +366,7 @@ class _NumpyFailingAt:
         return out & False if self.calls == self.n else out
 
 
-def test_retirement_survives_the_log_domain_handover(monkeypatch):
+def test_retirement_survives_the_log_domain_handover(monkeypatch, torch_path):
     """A chunk that retired problems at its first check and then over/underflows in the next block hands every
     problem to the log domain from the potentials it had after that check: the retired ones from their final
     potentials, which are the ones the old rule hands over too. So both rules give the same result."""
