@@ -178,3 +178,38 @@ def test_cli_export(crl_run, tmp_path):
         app, ["export", str(out), "--stage", "crl_adv", "--adapter", str(tmp_path / "b")]
     )
     assert res.exit_code == 2 and "no finished 'crl_adv' stage" in res.output
+
+
+@pytest.mark.slow
+def test_merged_export_of_the_packaged_gguf_smollm2(tmp_path):
+    """The GGUF base: quantization_config is dropped, the dequantised weights and the GGUF chat template kept."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reprlab.models.hf import load_causal_lm
+    from reprlab.models.lora import add_lora
+
+    base, tok = load_causal_lm("smollm2-135m-instruct")
+    peft = add_lora(base, r=4, alpha=8, dropout=0.0, blocks=[3, 10], adapter_name="crl")
+    g = torch.Generator().manual_seed(0)
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:  # perturb: an untrained LoRA is the identity
+            p.data = 0.02 * torch.randn(p.shape, generator=g)
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")[
+        "input_ids"
+    ]
+    ref = _logits(peft.eval(), ids)
+    part = X.lora_part(peft, "crl")
+    folder = X.save_merged(X.merge(peft.unload(), [part]), tok, tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert getattr(model.config, "quantization_config", None) is None
+    got = _logits(model, ids)
+    # 30 blocks, residual norms up to ~470 (assets.md): logits of magnitude ~20, relative rounding ~1e-6
+    assert (got - ref).abs().max().item() <= 1e-3 * ref.abs().max().item()
+    assert (
+        got - _logits(load_causal_lm("smollm2-135m-instruct")[0], ids)
+    ).abs().max() > 1e-2  # the adapter moved it
+    reloaded = AutoTokenizer.from_pretrained(folder)
+    assert reloaded.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=False
+    ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
