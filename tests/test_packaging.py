@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -32,8 +33,14 @@ def _norm(name: str) -> str:
 @pytest.fixture(scope="module")
 def metadata(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    src = (
+        out / "src-copy"
+    )  # setuptools writes build/ and *.egg-info beside the sources: keep them out of the checkout
+    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(ROOT)], capture_output=True, text=True)  # fmt: skip
+                           "-w", str(out), str(src)], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = out.glob("reprlab-*.whl")
     with zipfile.ZipFile(wheel) as zf:
