@@ -3,8 +3,9 @@
 A method plugs in by adding its module to :data:`EXPORTERS`. The module defines
 
 * ``STAGES``: the names ``--stage`` accepts (e.g. CRL's ``refusal, rr, crl, crl_adv``);
-* ``EXPORTS``: ``{format: fn(run_dir, stage, out) -> Path}``, one per output format (CRL: ``adapter``,
-  ``merged``), each writing ``out`` atomically;
+* ``FORMATS``: the output formats (CRL: ``adapter``, ``merged``);
+* ``export(run_dir, stage, outputs) -> {format: folder}``: writes each requested ``{format: folder}``,
+  each folder atomically (one call, so the model loads once for several formats);
 * ``check_stage(run_dir, stage)``: raises a :class:`reprlab.errors.ReprlabError` unless that stage finished
   (called before any weights load, for every requested format).
 
@@ -63,16 +64,16 @@ def export_run(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str,
     run_dir = Path(run_dir)
     mod = exporter_of(run_dir)
     if not outputs:
-        raise ConfigError("nothing to export: give an output folder", f"formats: {', '.join(mod.EXPORTS)}")
+        raise ConfigError("nothing to export: give an output folder", f"formats: {', '.join(mod.FORMATS)}")
     if stage not in mod.STAGES:
         raise ConfigError(f"unknown stage {stage!r}; valid stages: {', '.join(mod.STAGES)}")
-    bad = [f for f in outputs if f not in mod.EXPORTS]
+    bad = [f for f in outputs if f not in mod.FORMATS]
     if bad:
-        raise ConfigError(f"this method does not export {', '.join(bad)}; formats: {', '.join(mod.EXPORTS)}")
+        raise ConfigError(f"this method does not export {', '.join(bad)}; formats: {', '.join(mod.FORMATS)}")
     for fmt, out in outputs.items():
         out = Path(out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise RunFolderError(f"--{fmt} folder {out} exists and is not empty",
                                  "give a new folder, or delete this one first")  # fmt: skip
     mod.check_stage(run_dir, stage)
-    return {fmt: mod.EXPORTS[fmt](run_dir, stage, Path(out)) for fmt, out in outputs.items()}
+    return mod.export(run_dir, stage, {fmt: Path(out) for fmt, out in outputs.items()})

@@ -8,6 +8,7 @@ evaluation are recorded as the reference, then the exports are loaded with the t
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -106,6 +107,10 @@ def test_export_adapter_rebuilds_the_runs_adapter_from_checkpoints(crl_run, tmp_
     assert a.keys() == b.keys()
     for k in a:  # the checkpoint holds the live tensors' values: same path, bitwise
         assert torch.equal(a[k], b[k]), k
+    umask = os.umask(0)
+    os.umask(umask)
+    assert got.stat().st_mode & 0o777 == 0o777 & ~umask  # the user's umask, not mkdtemp's private 0700
+    assert (got / "adapter_model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_export_merged_loads_in_transformers_with_tokenizer_and_chat_template(crl_run, tmp_path):

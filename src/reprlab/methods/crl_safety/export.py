@@ -38,7 +38,7 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 STAGES = ("refusal", "rr", "crl", "crl_adv")
-FORMATS = ("adapter", "merged")
+FORMATS = ("adapter", "merged")  # reprlab.export: each a CLI option --<format> OUT
 _TAG = {"refusal": "sft", "rr": "rr", "crl": "crl", "crl_adv": "crl_adv"}  # stage -> checkpoint tag
 
 
@@ -128,11 +128,20 @@ def lora_config(fields: dict, base_id: str):
 
 def _atomic_dir(out: Path):
     """A temporary sibling of ``out`` to write into; renamed onto ``out`` by :func:`_publish`."""
+    from reprlab.runs.atomic import dir_mode
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
+    os.chmod(tmp, dir_mode())  # mkdtemp makes it private; the user's umask decides, as for run folders
+    return tmp
 
 
 def _publish(tmp: Path, out: Path) -> Path:
+    from reprlab.runs.atomic import file_mode
+
+    for f in tmp.iterdir():
+        if f.is_file():
+            os.chmod(f, file_mode())
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
@@ -262,10 +271,28 @@ def load_stage(run_dir: Path, stage: str, device: str = "cpu"):
     return base, tok, parts, cfg
 
 
-def export_adapter(run_dir: Path, stage: str, out: Path) -> Path:
-    """``reprlab export RUN_DIR --stage S --adapter OUT``."""
-    _, _, parts, cfg = load_stage(run_dir, stage)
-    return write_adapter(Path(out), parts, cfg.model, f"Stage `{stage}` of the CRL run in `{run_dir}`.")
+def export(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str, Path]:
+    """``reprlab export RUN_DIR --stage S --adapter OUT --merged OUT``: the base and adapters load once.
+
+    Raises:
+        ConfigError: ``merged`` of a run whose tokenizer is reprlab's test byte tokenizer.
+    """
+    from reprlab.errors import ConfigError
+
+    run_dir = Path(run_dir)
+    base, tok, parts, cfg = load_stage(run_dir, stage)
+    if "merged" in outputs and not hasattr(tok, "save_pretrained"):
+        raise ConfigError(f"the run's model {cfg.model!r} has reprlab's test byte tokenizer, which transformers "
+                          "cannot load: a merged folder needs a Hugging Face tokenizer",
+                          "export --adapter instead, or train on a model folder with its tokenizer")  # fmt: skip
+    done = {}
+    if "adapter" in outputs:
+        note = f"Stage `{stage}` of the CRL run in `{run_dir}`."
+        done["adapter"] = write_adapter(Path(outputs["adapter"]), parts, cfg.model, note)
+    if "merged" in outputs:
+        merged = merge(base, parts, cfg.model)
+        done["merged"] = save_merged(merged, tok, Path(outputs["merged"]), f"stage {stage} of {run_dir}")
+    return done
 
 
 def merge(base, parts: list[LoraPart], base_id: str = ""):
@@ -278,18 +305,6 @@ def merge(base, parts: list[LoraPart], base_id: str = ""):
     if unexpected:
         raise ValueError(f"stacked adapter keys not in the model: {unexpected[:3]}")
     return peft.merge_and_unload()
-
-
-def export_merged(run_dir: Path, stage: str, out: Path) -> Path:
-    """``reprlab export RUN_DIR --stage S --merged OUT``: config, weights, tokenizer and chat template."""
-    from reprlab.errors import ConfigError
-
-    base, tok, parts, cfg = load_stage(run_dir, stage)
-    if not hasattr(tok, "save_pretrained"):
-        raise ConfigError(f"the run's model {cfg.model!r} has reprlab's test byte tokenizer, which transformers "
-                          "cannot load: a merged folder needs a Hugging Face tokenizer",
-                          "export --adapter instead, or train on a model folder with its tokenizer")  # fmt: skip
-    return save_merged(merge(base, parts, cfg.model), tok, Path(out), f"stage {stage} of {run_dir}")
 
 
 def save_merged(model, tok, out: Path, what: str = "") -> Path:
@@ -319,6 +334,3 @@ def save_merged(model, tok, out: Path, what: str = "") -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-EXPORTS = {"adapter": export_adapter, "merged": export_merged}
