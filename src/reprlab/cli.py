@@ -1,4 +1,4 @@
-"""The one command-line interface: ``reprlab run | recipes | config | report | aggregate | demo``.
+"""The one command-line interface: ``reprlab run | recipes | config | report | aggregate | demo | export``.
 
 Examples::
 
@@ -9,6 +9,8 @@ Examples::
     reprlab aggregate runs/fda3                               # rebuild the aggregate from run folders
     reprlab report runs/fda                                   # rebuild report.html/.md from saved files
     reprlab demo                                              # every method's short recipe, one report
+    reprlab export runs/crl --stage crl --adapter out/crl-lora   # a peft adapter folder (PeftModel)
+    reprlab export runs/crl --stage crl --merged out/crl-model   # a merged model folder (AutoModelForCausalLM)
 
 Input errors (:class:`reprlab.errors.ReprlabError`) print one message and its fix, and exit with status 2;
 ``--debug`` or ``REPRLAB_DEBUG=1`` shows the traceback.
@@ -209,6 +211,24 @@ def report_cmd(
     else:
         html_path, md_path = build_report(run_dir)
     typer.echo(f"wrote {html_path} and {md_path}")
+
+
+@app.command("export")
+@user_errors
+def export_cmd(
+    run_dir: Path = typer.Argument(..., help="A run folder written by `reprlab run`."),
+    stage: str = typer.Option(..., "--stage", help="Which trained model (CRL: refusal, rr, crl, crl_adv)."),
+    adapter: Path = typer.Option(None, "--adapter", help="Write a peft adapter folder here (PeftModel.from_pretrained on the base)."),
+    merged: Path = typer.Option(None, "--merged", help="Write the merged model with tokenizer and chat template here (AutoModelForCausalLM)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings only."),
+) -> None:  # fmt: skip
+    """Export a trained model of a run in the formats other libraries load."""
+    from reprlab.export import export_run
+
+    _setup_logging(quiet)
+    outputs = {fmt: path for fmt, path in (("adapter", adapter), ("merged", merged)) if path is not None}
+    for fmt, path in export_run(run_dir, stage, outputs).items():
+        typer.echo(f"{fmt}: {path}")
 
 
 @app.command("demo")

@@ -42,6 +42,7 @@ def _resolve(model_id: str) -> tuple[str, dict]:
         return model_id, {}
     root = package_dir(alias.package)
     if alias.gguf_file is not None:
+        require_gguf(model_id)
         if not (root / alias.gguf_file).exists():
             raise FileNotFoundError(f"packaged model file {root / alias.gguf_file} is missing")
         return str(root), {"gguf_file": alias.gguf_file}
@@ -51,6 +52,22 @@ def _resolve(model_id: str) -> tuple[str, dict]:
     if not configs:
         raise FileNotFoundError(f"no config.json under {root} for packaged model {model_id!r}")
     return str(configs[0].parent), {}
+
+
+def require_gguf(model_id: str) -> None:
+    """Raise a clear error when ``gguf`` (the ``gguf`` extra) is missing: transformers needs it to read GGUF.
+
+    Raises:
+        ModelNotAvailableError: naming the extra that installs it.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        from reprlab.errors import ModelNotAvailableError
+
+        raise ModelNotAvailableError(f"model {model_id!r} is a GGUF checkpoint, and reading GGUF needs the "
+                                     "'gguf' package, which is not installed",
+                                     "pip install 'reprlab[gguf]' (or pip install gguf)")  # fmt: skip
 
 
 def _in_hf_cache(model_id: str) -> bool:

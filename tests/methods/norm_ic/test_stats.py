@@ -51,3 +51,23 @@ def test_resample_ranks_equal_scipy_rankdata():
     values = np.round(rng.normal(size=50), 1)  # ties inside the data and, by resampling, across copies
     idx = rng.integers(0, 50, size=(7, 50))
     np.testing.assert_array_equal(resample_ranks(values, idx), sps.rankdata(values[idx], axis=1))
+
+
+def test_snap_constant_only_flattens_rounding_noise():
+    """Normalised float32 vectors: ‖v‖² = 1 up to ~1e-7, snapped to one value (correlations NaN, not noise);
+    real norms that differ by 1e-3 relative are left alone."""
+    import torch
+
+    from reprlab.methods.norm_ic.stats import correspondence, snap_constant
+
+    v = torch.nn.functional.normalize(
+        torch.randn(200, 384, generator=torch.Generator().manual_seed(0)), dim=-1
+    )
+    sq = (v.double() ** 2).sum(-1).numpy()
+    assert np.ptp(sq) > 0  # rounding noise is there before the snap
+    snapped = snap_constant(sq)
+    assert np.ptp(snapped) == 0
+    ic = np.arange(200.0)
+    assert np.isnan(correspondence(ic, snapped, n_boot=10).spearman)
+    real = 1.0 + 1e-3 * np.random.default_rng(0).random(200)
+    assert np.array_equal(snap_constant(real), real)

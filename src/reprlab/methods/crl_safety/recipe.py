@@ -8,6 +8,7 @@ default marked [ours] in ``config.py``. See ``shared/papers/crl-safety.md``.
 
 Stages (each resumable): ``generate`` (base replies, never committed) -> ``eval_base`` -> refusal training
 (checkpoint tag ``sft``) -> ``eval_refusal`` -> for rr, crl, crl_adv: training (tag = kind) -> ``eval_<kind>``.
+Each trained stage's adapter is also written as a peft folder, ``adapters/<stage>/`` (``export.py``).
 Each defense is a fresh LoRA on top of the merged stage-0 model, whose adapters-disabled self is the frozen
 reference.
 """
@@ -376,6 +377,7 @@ def run(cfg: Config, run) -> dict:
         results["base"] = do_eval("base", ref)
     later = [m for m in cfg.models if m != "base"]
     if any(not run.has(f"stages/eval_{m}.json") for m in later):
+        from reprlab.methods.crl_safety.export import lora_part, save_stage_adapter
         from reprlab.methods.crl_safety.trainer import Trainer
         from reprlab.models.lora import add_lora
 
@@ -387,6 +389,8 @@ def run(cfg: Config, run) -> dict:
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
         info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
+        sft_part = lora_part(peft, "refusal")  # every stage's adapter folder stacks it (export.py)
+        save_stage_adapter(run, "refusal", [sft_part], cfg.model)
         run.stage("train_refusal", lambda: info)
         if "refusal" in cfg.models:
             results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
@@ -414,6 +418,7 @@ def run(cfg: Config, run) -> dict:
                         center = state_means(peft, compliant, benign_crl, pad)
                 info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
                                center=center, retain=benign).fit()  # fmt: skip
+                save_stage_adapter(run, kind, [sft_part, lora_part(peft, kind)], cfg.model)
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
                 model0 = peft.unload()

@@ -2,7 +2,8 @@
 
 Each item (a word, or a text prefix) is tokenised on its own and laid out as
 
-* encoder (BERT family): ``[CLS] pieces [SEP]``; the *pooled* state is the CLS state (position 0);
+* encoder (BERT family): ``[CLS] pieces [SEP]``; the *pooled* state is the CLS state (position 0), or, with a
+  ``pool`` function (a sentence-transformers pipeline's own modules), that function of the whole sequence;
 * decoder (LLaMA family): ``context pieces [EOS]``; the pooled state is the appended EOS state [paper:
   "LLaMA's EOS"]. ``context`` is one special token [ours] so the text is not at position 0, whose state is
   an attention sink with a norm ~10× larger than any other (measured on SmolLM2: 6700 vs 560).
@@ -47,7 +48,8 @@ class TokenStates:
 
     Attributes:
         states: ``(n, n_layers_sel, pos, d_model)`` float32, piece states per selected layer (padding zero).
-        pooled: ``(n, n_layers_sel, d_model)``, the CLS (encoder) or appended EOS (decoder) state.
+        pooled: ``(n, n_layers_sel, d_pooled)``, the CLS (encoder) or appended EOS (decoder) state, or the
+            ``pool`` function's output for each selected layer.
         mask: ``(n, pos)`` bool, True on real pieces.
         piece_ids: ``(n, pos)`` long, token ids of the pieces (padding −1), for input-table lookups.
         layers: the hidden-state indices kept (0 = embedding output, n_layers = last block).
@@ -168,6 +170,7 @@ def extract_states(
     context_token: str | None = None,
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
     device: torch.device | str = "cpu",
+    pool: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> TokenStates:
     """Run ``model`` over ``texts`` in length-sorted batches and keep the selected layers' states.
 
@@ -186,6 +189,9 @@ def extract_states(
         context_token: decoders only; the token before the text (default BOS, else EOS).
         progress: ``run.progress``-like wrapper ``(iterable, total, desc)``.
         device: where to run.
+        pool: encoders only; ``(token_states (b, pos, d_model), attention_mask (b, pos)) -> (b, d_pooled)``
+            over the whole sequence, specials included, applied to every selected layer (e.g.
+            ``SentencePipeline.pool``); None = the CLS state.
 
     Returns:
         :class:`TokenStates` in the order of ``texts``.
@@ -213,8 +219,10 @@ def extract_states(
     pre, post = _special_ids(tok, arch, context_token)
     n, pos = len(texts), max(len(p) for p in pieces)
     d_model = model.get_input_embeddings().weight.shape[1]
+    if pool is not None and arch != "encoder":
+        raise ValueError("a pool function applies to encoders only (decoders pool the appended EOS state)")
     states = torch.zeros(n, len(sel), pos, d_model)
-    pooled = torch.zeros(n, len(sel), d_model)
+    pooled: Tensor | None = None if pool is not None else torch.zeros(n, len(sel), d_model)
     mask = torch.zeros(n, pos, dtype=torch.bool)
     ids_out = torch.full((n, pos), -1, dtype=torch.long)
     surprisal = torch.zeros(n, pos) if arch == "decoder" else None
@@ -247,13 +255,21 @@ def extract_states(
                 torch.stack([hidden[layer] for layer in sel], 1).float().cpu()
             )  # [b, n_sel, width, d_model]
             logp = out.logits.float().log_softmax(-1).cpu() if arch == "decoder" else None
+            own = None
+            if pool is not None:  # [b, n_sel, d_pooled]: the pipeline's modules on each selected layer
+                own = torch.stack([pool(stack[:, k], attn) for k in range(len(sel))], 1).float()
+                if pooled is None:
+                    pooled = torch.zeros(n, len(sel), own.shape[-1])
             for r, i in enumerate(batch):
                 k = len(pieces[i])
                 start = len(pre)
                 states[i, :, :k] = stack[r, :, start : start + k]
-                pooled[i] = stack[r, :, start + k]  # CLS for encoders is position 0, fixed below
-                if arch == "encoder":
-                    pooled[i] = stack[r, :, 0]
+                if own is not None:
+                    pooled[i] = own[r]
+                elif arch == "encoder":
+                    pooled[i] = stack[r, :, 0]  # CLS
+                else:
+                    pooled[i] = stack[r, :, start + k]  # the appended EOS
                 mask[i, :k] = True
                 ids_out[i, :k] = torch.tensor(pieces[i])
                 if logp is not None:

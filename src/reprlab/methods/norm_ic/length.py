@@ -27,7 +27,7 @@ from reprlab.methods.norm_ic.compose import compose_all
 from reprlab.methods.norm_ic.normalize import single_thread
 from reprlab.methods.norm_ic.sources import static_texts
 from reprlab.methods.norm_ic.static import StaticEmbeddings
-from reprlab.methods.norm_ic.stats import linear_fit, pearson, spearman
+from reprlab.methods.norm_ic.stats import linear_fit, pearson, snap_constant, spearman
 
 
 def prefix_grid(n_words: int, n_points: int) -> np.ndarray:
@@ -74,6 +74,7 @@ def curve_stats(
         vectors: ``(g, d_model)`` prefix vectors (for the direction's convergence).
     """
     n = lengths.astype(float)
+    sq = snap_constant(sq)
     _, slope, r2_len = linear_fit(n, sq)
     _, _, r2_ic = linear_fit(cum_ic, sq)
     c2, c1, _ = np.polyfit(n, sq, 2)

@@ -53,7 +53,7 @@ from reprlab.methods.norm_ic.sources import (
     subword_probabilities,
 )  # fmt: skip
 from reprlab.methods.norm_ic.static import StaticEmbeddings, corpus_sentences, load_glove, train_sgns
-from reprlab.methods.norm_ic.stats import correspondence, spearman
+from reprlab.methods.norm_ic.stats import correspondence, snap_constant, spearman
 from reprlab.methods.norm_ic.vocab import candidate_words, sample_vocabulary
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,12 @@ class ModelConfig:
     arch: Literal["encoder", "decoder"] = field(
         default="encoder", metadata={"help": "encoder (CLS pooling) or decoder (causal, EOS/last token)"}
     )
+    pooling: Literal["model", "model_unnormalized", "special_token"] = field(default="model", metadata={
+        "help": "the 'pooled' vector. 'model': an encoder that is a sentence-transformers pipeline (modules.json) "
+                "gets its own Pooling and Normalize modules (SentenceTransformer.encode's vector; after Normalize "
+                "every raw norm is 1, so raw rows are undefined); other models the CLS (encoder) / appended EOS "
+                "(decoder) state. 'model_unnormalized': the pipeline's Pooling without Normalize. "
+                "'special_token': the CLS / EOS state always"})  # fmt: skip
     layers: tuple[int, ...] = field(
         default=(-1,), metadata={"help": "hidden-state indices; 0 = embeddings, -1 = last"}
     )
@@ -248,7 +254,7 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
             p_fit_t = torch.from_numpy(p_fit)
             normz = fit_normalizer(nk, v_fit[c].double(), p_fit_t)
             ve = normz(v_ev[c].double())
-            sq = (ve * ve).sum(-1).numpy()
+            sq = snap_constant((ve * ve).sum(-1).numpy())  # a Normalize module: exactly constant, not noise
             corr = correspondence(ic, sq, acfg.n_boot, acfg.ci, seed)
             row = {"source": name, "composition": label, "normalization": nk, **corr.to_dict()}
             if nk == "raw":
@@ -512,9 +518,16 @@ def model_stage(
 ):
     """Load one HF model; word-level rows for its input table and layers; length curves at its last layer."""
     from reprlab.models.hf import load_causal_lm, load_encoder
+    from reprlab.models.sentence import is_sentence_transformer, load_sentence_pipeline
 
-    loader = load_causal_lm if mc.arch == "decoder" else load_encoder
-    model, tok = loader(mc.model, device=run.device)
+    pipe = None
+    if mc.arch == "encoder" and is_sentence_transformer(mc.model):
+        pipe = load_sentence_pipeline(mc.model, device=run.device)  # token states from its transformer module
+        model, tok = pipe.model, pipe.tokenizer
+    else:
+        model, tok = (load_causal_lm if mc.arch == "decoder" else load_encoder)(mc.model, device=run.device)
+    pool, pooling = pooling_of(mc, pipe)
+    run.logger.info("%s: pooling %s", mc.name, pooling)
     layers = resolve_layers(model, mc.layers)
     rng = np.random.default_rng(cfg.seed)
     # a random (not frequency-ordered) cap keeps every frequency band represented
@@ -528,7 +541,7 @@ def model_stage(
     p_sub = subword_probabilities(tok, cands, ic_mod.wordfreq_probability(cands), mc.arch)
     kw = dict(arch=mc.arch, layers=layers, batch_size=mc.batch_size, max_pieces=mc.max_pieces,
               on_truncate=mc.on_truncate, bypass_final_norm=mc.bypass_final_norm, context_token=mc.context_token or None, progress=progress,
-              device=run.device)  # fmt: skip
+              device=run.device, pool=pool)  # fmt: skip
     st_ev = extract_states(model, tok, [ev_words[i] for i in idx], **kw)
     st_fit = extract_states(model, tok, [fit_words[i] for i in fidx], **kw)
     sub_pairs = _subset_pairs(pairs, list(idx) + [len(ev_words) + int(i) for i in fidx])
@@ -547,7 +560,8 @@ def model_stage(
                              mc.normalizations, cfg.analysis, sub_pairs, cfg.seed)  # fmt: skip
         rows += r
         scatter[name] = s
-    out = {"rows": rows, "scatter": scatter, "word_idx": idx.tolist(), "length": {}, "text_composition": {}}
+    out = {"rows": rows, "scatter": scatter, "word_idx": idx.tolist(), "length": {}, "text_composition": {},
+           "pooling": {mc.name: pooling}}  # fmt: skip
     if st_ev.surprisal is not None:  # the LM's own word IC: Σ piece surprisal after the context token
         out["lm_ic"] = {
             "word_idx": idx.tolist(),
@@ -593,6 +607,17 @@ def model_stage(
                                "%d prefixes were cut to it", src, over["docs"], n_docs, over["limit"],
                                over["max_pieces"], over["prefixes"])  # fmt: skip
     return out
+
+
+def pooling_of(mc: ModelConfig, pipe) -> tuple:
+    """``(pool function or None, description)`` of a model's 'pooled' vector under ``mc.pooling``."""
+    special = "cls (the CLS state)" if mc.arch == "encoder" else "eos (the appended EOS state)"
+    if pipe is None:
+        return None, special
+    if mc.pooling == "special_token":
+        return None, f"{special}; the pipeline's own ({pipe.describe()}) not used: pooling=special_token"
+    normalize = mc.pooling == "model"
+    return (lambda h, m: pipe.pool(h, m, normalize=normalize)), pipe.describe(normalize=normalize)
 
 
 def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | None = None,
@@ -651,6 +676,9 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
                 summary[f"{src}.cer_r2{tag}"] = comps[head]["r2_len"]
     for src, c in (context or {}).items():
         summary[f"{src}.docs_over_context"] = c["docs"]
+    for r in results.values():
+        for name, desc in r.get("pooling", {}).items():
+            summary[f"{name}.pooling"] = desc
     return summary
 
 

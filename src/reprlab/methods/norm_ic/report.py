@@ -35,8 +35,16 @@ NULL_TEXT = (
 STAND_INS = (
     "Models: MiniLM-L6 (all-MiniLM-L6-v2) stands in for BERT and SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) "
     "for LLaMA; ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder) or the state of an "
-    "appended EOS token (decoder). Decoder last-layer states are read before the final RMSNorm."
+    "appended EOS token (decoder), or a sentence-transformers pipeline's own pooling (pooling=model): each "
+    "model's line below says which. Decoder last-layer states are read before the final RMSNorm."
 )
+
+
+def pooling_text(run_dir: Path) -> str:
+    """One line per model: how its 'pooled' vector was made (summary key ``<model>.pooling``)."""
+    summary = _load(run_dir, "summary.json") or {}
+    lines = [f"Pooling of {k.rsplit('.', 1)[0]}: {v}." for k, v in summary.items() if k.endswith(".pooling")]
+    return " ".join(lines)
 
 
 def _load(run_dir: Path, rel: str):
@@ -339,7 +347,7 @@ def build_sections(run_dir: Path) -> list[Section]:
         Section("Setup", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
                 f"{words['n_fit']} disjoint fit words for centring, whitening, μ (scaled_c) and the SIF PC. "
                 f"IC = −log p(w) from wordfreq in {words['unit']}. CIs: percentile bootstrap over words. "
-                + STAND_INS + "\n\n" + REFERENCE_TEXT),  # fmt: skip
+                + STAND_INS + " " + pooling_text(run_dir) + "\n\n" + REFERENCE_TEXT),  # fmt: skip
         Section("Word level: ‖v‖² vs IC per source × composition (raw norms)", table=correlation_table(rows),
                 figure=scatter_figure(scatter, rows)),
         Section("Which conclusions survive the null baselines", NULL_TEXT + "\n\n" + survival_text(rows)),

@@ -35,6 +35,20 @@ class Correspondence:
         return asdict(self)
 
 
+def snap_constant(sq: np.ndarray, rel: float = 1e-5) -> np.ndarray:
+    """``sq`` made exactly constant when its spread is float32 rounding (relative spread <= ``rel``).
+
+    A normalised embedding (a sentence-transformers pipeline's Normalize module) has ‖v‖² = 1 only up to
+    rounding (~1e-7); ranks and fits of that noise would be numbers without meaning, while a constant gives
+    NaN correlations and R², which the tables show as undefined [ours].
+    """
+    sq = np.asarray(sq, np.float64)
+    mean = float(np.mean(sq)) if sq.size else 0.0
+    if sq.size and np.ptp(sq) <= rel * abs(mean):
+        return np.full_like(sq, mean)
+    return sq
+
+
 def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Row-wise Pearson of ``(b, n)`` arrays; NaN where a row is constant."""
     xc = x - x.mean(-1, keepdims=True)

@@ -1,0 +1,336 @@
+"""CRL models in the formats peft, transformers and inference servers load: LoRA adapter folders, merged models.
+
+A CRL run trains LoRA adapters with peft (``models/lora.py``): stage 0 (``refusal``) on the base model, then
+each defence (``rr``, ``crl``, ``crl_adv``) as a fresh LoRA on the base with stage 0 merged in. A defence's
+adapter alone therefore means nothing on the base model. Its export stacks both [ours, exact]:
+
+    W x + s0 B0 A0 x + s1 B1 A1 x  =  W x + [s0 B0 | s1 B1] [A0 ; A1] x
+
+one LoRA of rank r0 + r1 with the scalings folded into B (``lora_alpha = r``, so peft's scaling is 1), on every
+module either stage adapted (zero rows where one stage has no adapter). It loads with
+``PeftModel.from_pretrained(base, folder)`` on the base model the run started from. Stage 0 of the GPU
+recipes trains 0 steps (the instruct model refuses already): its adapter is zero and is left out.
+
+Formats (``reprlab export RUN_DIR --stage S --adapter DIR | --merged DIR``):
+
+* ``adapter``: ``adapter_config.json`` + ``adapter_model.safetensors`` (peft's ``save_pretrained`` layout);
+  the run writes the same folder for every stage it trains under ``adapters/<stage>/``.
+* ``merged``: the base with the adapter merged into its weights, ``config.json``, safetensors weights and
+  the tokenizer with its chat template; loads with ``AutoModelForCausalLM.from_pretrained`` and
+  ``AutoTokenizer.from_pretrained``. A GGUF base (the packaged SmolLM2) is written as a plain fp model: its
+  ``quantization_config`` is dropped (``shared/assets.md`` §1), the weights are the dequantised ones.
+
+Weights come from the run folder's checkpoints through ``reprlab.runs.checkpoint``'s loading functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+STAGES = ("refusal", "rr", "crl", "crl_adv")
+FORMATS = ("adapter", "merged")  # reprlab.export: each a CLI option --<format> OUT
+_TAG = {"refusal": "sft", "rr": "rr", "crl": "crl", "crl_adv": "crl_adv"}  # stage -> checkpoint tag
+
+
+@dataclass
+class LoraPart:
+    """One stage's LoRA: per adapted module (path inside the base model), ``A`` and the scaled ``s B``.
+
+    Attributes:
+        modules: ``{path: (A [r, d_in], sB [d_out, r])}``, float32 on the CPU.
+        dropout: the stage's LoRA dropout (kept in the exported config for further training).
+    """
+
+    modules: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    dropout: float = 0.0
+
+    def is_zero(self) -> bool:
+        return all(not bool(sb.any()) for _, sb in self.modules.values())
+
+
+def _full(t: Tensor) -> Tensor:
+    # FSDP2 shards the adapters as DTensors; every rank runs this, so the gather is collective
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def lora_part(peft_model, adapter_name: str) -> LoraPart:
+    """The adapter ``adapter_name`` of a live ``PeftModel`` with peft's own per-module scaling folded in.
+
+    Raises:
+        ValueError: the adapter uses a LoRA variant this export does not map (DoRA, fan_in_fan_out, bias).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    cfg = peft_model.peft_config[adapter_name]
+    if (
+        getattr(cfg, "use_dora", False)
+        or getattr(cfg, "fan_in_fan_out", False)
+        or getattr(cfg, "lora_bias", False)
+    ):
+        raise ValueError(f"adapter {adapter_name!r}: DoRA, fan_in_fan_out and LoRA biases are not exported")
+    part = LoraPart(dropout=float(cfg.lora_dropout))
+    prefix = "base_model.model."
+    for name, mod in peft_model.named_modules():
+        if isinstance(mod, LoraLayer) and adapter_name in mod.lora_A:
+            a = _full(mod.lora_A[adapter_name].weight).detach().float().cpu().clone()
+            b = _full(mod.lora_B[adapter_name].weight).detach().float().cpu()
+            path = name[len(prefix) :] if name.startswith(prefix) else name
+            part.modules[path] = (a, b * float(mod.scaling[adapter_name]))
+    if not part.modules:
+        raise ValueError(f"the model has no LoRA adapter named {adapter_name!r}")
+    return part
+
+
+def stack(parts: list[LoraPart]) -> tuple[dict, dict[str, Tensor]]:
+    """One LoRA equal to the sum of ``parts``: ``(adapter_config dict fields, peft state dict)``.
+
+    The rank is the sum of the parts' ranks; a module a part does not adapt gets zero rows there.
+    """
+    parts = [p for p in parts if not p.is_zero()] or parts[-1:]
+    paths = sorted({m for p in parts for m in p.modules})
+    ranks = [next(iter(p.modules.values()))[0].shape[0] for p in parts]
+    r = sum(ranks)
+    state = {}
+    for path in paths:
+        a_rows, b_cols = [], []
+        for p, rank in zip(parts, ranks):
+            if path in p.modules:
+                a, sb = p.modules[path]
+            else:  # shapes from any part that adapts this module
+                a0, sb0 = next(q.modules[path] for q in parts if path in q.modules)
+                a, sb = a0.new_zeros(rank, a0.shape[1]), sb0.new_zeros(sb0.shape[0], rank)
+            a_rows.append(a)
+            b_cols.append(sb)
+        key = f"base_model.model.{path}"
+        state[f"{key}.lora_A.weight"] = torch.cat(a_rows, 0).contiguous()
+        state[f"{key}.lora_B.weight"] = torch.cat(b_cols, 1).contiguous()
+    config = {"r": r, "lora_alpha": r, "target_modules": paths, "lora_dropout": parts[-1].dropout}
+    return config, state
+
+
+def lora_config(fields: dict, base_id: str):
+    """peft ``LoraConfig`` of a stacked adapter (scaling 1: the scales are folded into B)."""
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", bias="none", base_model_name_or_path=base_id, inference_mode=True,
+                      **fields)  # fmt: skip
+
+
+def _atomic_dir(out: Path):
+    """A temporary sibling of ``out`` to write into; renamed onto ``out`` by :func:`_publish`."""
+    from reprlab.runs.atomic import dir_mode
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
+    os.chmod(tmp, dir_mode())  # mkdtemp makes it private; the user's umask decides, as for run folders
+    return tmp
+
+
+def _publish(tmp: Path, out: Path) -> Path:
+    from reprlab.runs.atomic import file_mode
+
+    for f in tmp.iterdir():
+        if f.is_file():
+            os.chmod(f, file_mode())
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def write_adapter(out: Path, parts: list[LoraPart], base_id: str, note: str = "") -> Path:
+    """Write ``parts`` stacked as one peft adapter folder (atomically: a finished folder or none)."""
+    from safetensors.torch import save_file
+
+    fields, state = stack(parts)
+    tmp = _atomic_dir(out)
+    try:
+        lora_config(fields, base_id).save_pretrained(str(tmp))
+        save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        (tmp / "README.md").write_text(_readme(base_id, fields["r"], note), encoding="utf-8")
+        return _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _readme(base_id: str, r: int, note: str) -> str:
+    from reprlab.models.hf import PACKAGED_MODELS
+
+    load = f'base = AutoModelForCausalLM.from_pretrained("{base_id}")'
+    extra = ""
+    if base_id.lower() in PACKAGED_MODELS:
+        load = f'base, tok = load_causal_lm("{base_id}")  # from reprlab.models.hf'
+        if base_id.lower() == "smollm2-135m-instruct":
+            extra = ("\nOnline, `HuggingFaceTB/SmolLM2-135M-Instruct` is the same architecture, but reprlab trained on "
+                     "the packaged Q4_1 GGUF weights dequantised to fp32, which differ from the original fp weights, "
+                     "so the adapter's effect there is close, not identical.\n")  # fmt: skip
+    return (f"# LoRA adapter exported by reprlab\n\n{note}\n\nRank {r}, scaling 1 (the training scalings are folded "
+            f"into lora_B).\n\n```python\nfrom peft import PeftModel\n{load}\nmodel = PeftModel.from_pretrained(base, "
+            f"\"<this folder>\")\n```\n{extra}")  # fmt: skip
+
+
+def save_stage_adapter(run, stage: str, parts: list[LoraPart], base_id: str) -> Path | None:
+    """The run's own copy of a trained stage: ``<run>/adapters/<stage>/`` (main rank only)."""
+    if not getattr(run, "is_main", True):
+        return None
+    note = f"Stage `{stage}` of the CRL run in `{run.dir}`."
+    return write_adapter(Path(run.dir) / "adapters" / stage, parts, base_id, note)
+
+
+# ---------------------------------------------------------------------------------------------- run folder
+
+
+def _run_config(run_dir: Path):
+    import yaml
+
+    from reprlab.config import load_config
+    from reprlab.methods.crl_safety.recipe import Config
+
+    return load_config(Config, yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
+
+
+def _stage_lora(cfg, kind: str, n_layers: int):
+    """``(LoraCfg, blocks)`` of a stage, as the recipe builds it."""
+    from reprlab.methods.crl_safety.trainer import lora_blocks
+
+    if kind == "refusal":
+        lc = cfg.sft.lora
+        return lc, None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
+    return cfg.defense.lora, lora_blocks(cfg.defense.lora.blocks, kind, cfg.defense, n_layers)
+
+
+def _load_stage_weights(run_dir: Path, peft_model, stage: str) -> int:
+    """Load the newest intact checkpoint of ``stage`` into the live adapter; returns its step."""
+    from reprlab.errors import RunFolderError
+    from reprlab.models.lora import AdapterParams
+    from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir, verify_checkpoint
+
+    tag_dir = run_dir / "checkpoints" / _TAG[stage]
+    for ckpt in reversed(list_checkpoints(tag_dir)):
+        why = verify_checkpoint(ckpt)
+        if why is None:
+            step, _ = load_checkpoint_dir(ckpt, {"lora": AdapterParams(peft_model)}, restore_rng=False)
+            return step
+        log.warning("checkpoint %s is corrupt (%s); trying the one before", ckpt, why)
+    raise RunFolderError(f"{run_dir}: no intact checkpoint of stage {stage!r} under {tag_dir}",
+                         "re-run the stage with `reprlab run ... --resume`")  # fmt: skip
+
+
+def check_stage(run_dir: Path, stage: str) -> None:
+    """Raise unless ``run_dir`` is a CRL run whose ``stage`` finished training."""
+    from reprlab.errors import ConfigError, RunFolderError
+
+    if stage not in STAGES:
+        raise ConfigError(f"unknown CRL stage {stage!r}; valid stages: {', '.join(STAGES)}")
+    done = run_dir / "stages" / f"train_{stage}.json"
+    if not done.exists():
+        cfg = _run_config(run_dir)
+        trained = [s for s in STAGES if (run_dir / "stages" / f"train_{s}.json").exists()]
+        raise RunFolderError(
+            f"run folder {run_dir} has no finished {stage!r} stage ({done.relative_to(run_dir)} is missing; the "
+            f"run's models: {', '.join(cfg.models)}; trained: {', '.join(trained) or 'none'})",
+            "export a trained stage, or finish the run with `reprlab run ... --resume`")  # fmt: skip
+
+
+def load_stage(run_dir: Path, stage: str, device: str = "cpu"):
+    """Rebuild a finished stage from the run folder: ``(base model, tokenizer, parts, cfg)``.
+
+    ``parts`` are the LoRA parts to stack on the base (stage 0, then the defence); the base comes back
+    without adapters.
+    """
+    from reprlab.methods.crl_safety.layers import num_layers
+    from reprlab.methods.crl_safety.recipe import load_model
+    from reprlab.models.lora import add_lora
+
+    run_dir = Path(run_dir)
+    check_stage(run_dir, stage)
+    cfg = _run_config(run_dir)
+    base, tok = load_model(cfg, device)
+    n_layers = num_layers(base)
+    parts = []
+    for kind in ("refusal",) if stage == "refusal" else ("refusal", stage):
+        lc, blocks = _stage_lora(cfg, kind, n_layers)
+        peft = add_lora(base, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name=kind)
+        if kind == "refusal" and cfg.sft.optim.steps == 0:  # nothing trained, no checkpoint: B stays zero
+            parts.append(lora_part(peft, kind))
+        else:
+            _load_stage_weights(run_dir, peft, kind)
+            parts.append(lora_part(peft, kind))
+        base = peft.unload()
+    return base, tok, parts, cfg
+
+
+def export(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str, Path]:
+    """``reprlab export RUN_DIR --stage S --adapter OUT --merged OUT``: the base and adapters load once.
+
+    Raises:
+        ConfigError: ``merged`` of a run whose tokenizer is reprlab's test byte tokenizer.
+    """
+    from reprlab.errors import ConfigError
+
+    run_dir = Path(run_dir)
+    base, tok, parts, cfg = load_stage(run_dir, stage)
+    if "merged" in outputs and not hasattr(tok, "save_pretrained"):
+        raise ConfigError(f"the run's model {cfg.model!r} has reprlab's test byte tokenizer, which transformers "
+                          "cannot load: a merged folder needs a Hugging Face tokenizer",
+                          "export --adapter instead, or train on a model folder with its tokenizer")  # fmt: skip
+    done = {}
+    if "adapter" in outputs:
+        note = f"Stage `{stage}` of the CRL run in `{run_dir}`."
+        done["adapter"] = write_adapter(Path(outputs["adapter"]), parts, cfg.model, note)
+    if "merged" in outputs:
+        merged = merge(base, parts, cfg.model)
+        done["merged"] = save_merged(merged, tok, Path(outputs["merged"]), f"stage {stage} of {run_dir}")
+    return done
+
+
+def merge(base, parts: list[LoraPart], base_id: str = ""):
+    """The base with the stacked adapter merged into its weights (peft's ``merge_and_unload``)."""
+    from peft import get_peft_model, set_peft_model_state_dict
+
+    fields, state = stack(parts)
+    peft = get_peft_model(base, lora_config(fields, base_id))
+    unexpected = set_peft_model_state_dict(peft, state).unexpected_keys
+    if unexpected:
+        raise ValueError(f"stacked adapter keys not in the model: {unexpected[:3]}")
+    return peft.merge_and_unload()
+
+
+def save_merged(model, tok, out: Path, what: str = "") -> Path:
+    """``save_pretrained`` of model and tokenizer into ``out`` atomically; GGUF bases as plain fp weights."""
+    from transformers import AutoModelForCausalLM
+
+    qc = getattr(model.config, "quantization_config", None)
+    if qc is not None:
+        # transformers marks a GGUF-loaded model quantised and refuses save_pretrained; its weights are already
+        # dequantised, so a fresh model from the same config without quantization_config holds them exactly
+        cfg = model.config
+        del cfg.quantization_config
+        clean = AutoModelForCausalLM.from_config(cfg, dtype=next(model.parameters()).dtype)
+        clean.load_state_dict(model.state_dict())
+        clean.generation_config = model.generation_config
+        model = clean
+    tmp = _atomic_dir(out)
+    try:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        if getattr(tok, "chat_template", None) and not (tmp / "chat_template.jinja").exists():
+            cfg = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+            cfg.setdefault("chat_template", tok.chat_template)
+            (tmp / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        log.info("merged %s into %s", what, out)
+        return _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
