@@ -40,8 +40,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reprlab.methods.otcclip.config import ModelConfig
 from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words

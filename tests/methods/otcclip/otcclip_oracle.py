@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
+from reprlab.methods.otcclip.models.features import ImageFeatures, TextFeatures
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 
 CLASSES = ("cat", "dog", "bag")

@@ -17,7 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the tests package
 
 from reprlab.methods.otcclip import stream as st  # noqa: E402
-from reprlab.methods.otcclip.model import ModelConfig, build_model, build_tokenizer  # noqa: E402
+from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.models.build import build_model, build_tokenizer  # noqa: E402
 from reprlab.methods.otcclip.tokenizer import WordTokenizer  # noqa: E402
 from reprlab.methods.otcclip.trainer import TrainConfig  # noqa: E402
 from reprlab.train.dist import init_distributed  # noqa: E402

@@ -186,8 +186,7 @@ def test_audit_hf_model_maps_pixels_to_the_processors_mean_and_std(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 
-    from reprlab.methods.otcclip.audit import load_hf_model
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter
+    from reprlab.methods.otcclip.models.hf import HFCLIPAdapter, load_hf_model
 
     torch.manual_seed(0)
     cfg = CLIPConfig(

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import TinyCLIP
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.mosaic import CLEAN, PairSet, SignatureIndex, make_mosaics
 from reprlab.methods.otcclip.poison import add_backdoor
 from reprlab.methods.otcclip.tokenizer import WordTokenizer

@@ -16,7 +16,7 @@ import torch
 
 from reprlab.methods.otcclip.defenses import REGISTRY, Defense
 from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import TinyCLIP
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, Trainer
 

@@ -22,8 +22,9 @@ except Exception as err:  # noqa: BLE001
 
 from reprlab.errors import ConfigError  # noqa: E402
 from reprlab.methods.otcclip import shards as sh  # noqa: E402
-from reprlab.methods.otcclip.model import ModelConfig, build_model  # noqa: E402
-from reprlab.methods.otcclip.openclip_adapter import (  # noqa: E402
+from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.models.build import build_model  # noqa: E402
+from reprlab.methods.otcclip.models.openclip import (  # noqa: E402
     TINY_CONFIG,
     OpenCLIPAdapter,
     OpenCLIPTokenizer,

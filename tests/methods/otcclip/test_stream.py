@@ -13,7 +13,7 @@ import torch
 
 from reprlab.methods.otcclip import shards as sh
 from reprlab.methods.otcclip import stream as st
-from reprlab.methods.otcclip.model import TinyCLIP
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
 from tests.methods.otcclip.test_trainer import CFG, DCFG, _data, checkpoint, restore
@@ -224,8 +224,8 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     pixel_norm fed hand-normalised pixels), and the streaming trainer runs a re-matching epoch on it."""
     from dataclasses import replace
 
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, processor_stats
-    from reprlab.methods.otcclip.model import build_model
+    from reprlab.methods.otcclip.models.build import build_model
+    from reprlab.methods.otcclip.models.hf import HFCLIPAdapter, processor_stats
 
     cfg = replace(CFG, arch="hf_clip", image_size=32, patch_size=8)
     torch.manual_seed(0)
@@ -263,7 +263,8 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
 def test_open_clip_arch_says_why_it_is_not_available():
     from reprlab.errors import ModelNotAvailableError
     from reprlab.methods.otcclip import recipe as R
-    from reprlab.methods.otcclip.model import ModelConfig, build_model
+    from reprlab.methods.otcclip.config import ModelConfig
+    from reprlab.methods.otcclip.models.build import build_model
 
     try:
         import open_clip  # noqa: F401

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from reprlab.methods.otcclip.config import ModelConfig
 from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.mosaic import SignatureIndex, make_mosaics
 from reprlab.methods.otcclip.poison import add_backdoor
 from reprlab.methods.otcclip.tokenizer import WordTokenizer

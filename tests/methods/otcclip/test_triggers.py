@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ImageFeatures
+from reprlab.methods.otcclip.models.features import ImageFeatures
 from reprlab.methods.otcclip.mosaic import BACKDOOR, LabeledSet, SignatureIndex, class_prompts, make_mosaics
 from reprlab.methods.otcclip.poison import (
     TRIGGERS,

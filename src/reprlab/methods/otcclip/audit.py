@@ -28,6 +28,7 @@ from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.evaluate import to_input
 from reprlab.methods.otcclip.losses import OTConfig, ot_solve
 from reprlab.methods.otcclip.matching import otc_rematch
+from reprlab.methods.otcclip.models.hf import load_hf_model
 from reprlab.methods.otcclip.mosaic import PairSet
 
 
@@ -223,7 +224,7 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
         ModelNotAvailableError: ``open_clip:<name>`` where open-clip-torch does not import.
     """
     from reprlab.config import load_config
-    from reprlab.methods.otcclip.model import build_model
+    from reprlab.methods.otcclip.models.build import build_model
     from reprlab.methods.otcclip.recipe import Config
     from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
 
@@ -251,7 +252,7 @@ def run_tokenizer(cfg, run_dir: Path):
     """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
     saved (``artifacts/tokenizer.json``, a vocabulary list); else (an ``hf_clip`` run with ``model.tokenizer``,
     which saves none) the Hugging Face tokenizer of that folder."""
-    from reprlab.methods.otcclip.model import build_tokenizer
+    from reprlab.methods.otcclip.models.build import build_tokenizer
     from reprlab.methods.otcclip.tokenizer import WordTokenizer
 
     tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
@@ -262,33 +263,6 @@ def run_tokenizer(cfg, run_dir: Path):
     if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
         return build_tokenizer(cfg.model)
     raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")
-
-
-def load_hf_model(model_id: str, max_len: int = 77):
-    """A Hugging Face CLIP (hub id or local folder) and its tokenizer, behind our interfaces."""
-    from transformers import AutoTokenizer, CLIPModel
-
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter, processor_stats
-
-    clip = CLIPModel.from_pretrained(model_id)
-    # the audit's images are in [-1, 1] like the trainer's; the adapter maps them to the processor's mean/std
-    norm = processor_stats(_processor_folder(model_id))
-    tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
-    return HFCLIPAdapter(clip, max_len, pixel_norm=norm), tok
-
-
-def _processor_folder(model_id: str) -> str | None:
-    """The folder holding ``model_id``'s ``preprocessor_config.json``: the local folder itself, or the hub
-    cache's snapshot (never a download); ``None`` falls back to OpenAI CLIP's statistics."""
-    if Path(model_id).is_dir():
-        return model_id
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(model_id, "preprocessor_config.json")
-    except Exception:  # an id the cache cannot parse: use the defaults
-        return None
-    return str(Path(hit).parent) if isinstance(hit, str) else None
 
 
 def main(

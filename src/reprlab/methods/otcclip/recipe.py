@@ -25,7 +25,8 @@ import torch
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ModelConfig, build_model, build_tokenizer
+from reprlab.methods.otcclip.config import ModelConfig
+from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
 from reprlab.methods.otcclip.mosaic import (
     BACKDOOR,
     TARGETED,

@@ -18,17 +18,22 @@ negatives of its image, ``reassigned_weight`` down-weights the cross-modal terms
 from __future__ import annotations
 
 import warnings
-from dataclasses import fields
 
 import torch
-import torch.nn.functional as F
 
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
 from reprlab.methods.otcclip.evaluate import to_input
 from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_features, used_width
-from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
+from reprlab.methods.otcclip.models.features import (
+    ImageFeatures,
+    TextFeatures,
+    cat_padded,
+    merge_rows,
+    split_rows,
+    trim,
+)
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
 # [ours, speed; part of reuse_own_text] on matching epochs (matched_text='pool', fused encoders) the pool's
@@ -418,42 +423,3 @@ class OTCCLIP(Defense):
                 RuntimeWarning,
                 stacklevel=3,
             )
-
-
-def trim(txt: TextFeatures, width: int) -> TextFeatures:
-    """The first ``width`` token positions of ``txt`` (the global embedding is unchanged)."""
-    return TextFeatures(txt.global_, txt.tokens[:, :width], txt.mask[:, :width])
-
-
-def merge_rows(take_first: torch.Tensor, first: TextFeatures, second: TextFeatures) -> TextFeatures:
-    """Row ``r`` from ``first`` where ``take_first[r]`` else from ``second``; token sets right-padded with
-    zero features / ``False`` to the wider of the two."""
-    width = max(first.tokens.shape[1], second.tokens.shape[1])
-
-    def pad(t: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = width - t.tokens.shape[1]
-        return F.pad(t.tokens, (0, 0, 0, extra)), F.pad(t.mask, (0, extra))
-
-    (tok1, mask1), (tok2, mask2) = pad(first), pad(second)
-    rows = take_first[:, None]
-    return TextFeatures(
-        torch.where(rows, first.global_, second.global_),
-        torch.where(rows[:, :, None], tok1, tok2),
-        torch.where(rows, mask1, mask2),
-    )
-
-
-def split_rows(feats, n: int) -> tuple:
-    """Split Image/TextFeatures of stacked inputs into rows ``[:n]`` and ``[n:]`` (same feature class)."""
-    values = [getattr(feats, f.name) for f in fields(feats)]  # global_, patches/tokens, mask
-    return type(feats)(*(v[:n] for v in values)), type(feats)(*(v[n:] for v in values))
-
-
-def cat_padded(ids: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(rows, pos)`` token batches of possibly different widths, right-padding with 0 / False."""
-    width = max(t.shape[1] for t in ids)
-    pad = [(0, width - t.shape[1]) for t in ids]
-    return (
-        torch.cat([F.pad(t, p) for t, p in zip(ids, pad)]),
-        torch.cat([F.pad(m, p) for m, p in zip(masks, pad)]),
-    )
