@@ -40,11 +40,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import ModelConfig
+from reprlab.methods.otcclip.config import DataConfig, ModelConfig
+from reprlab.methods.otcclip.data.testbed import build_testbed
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
 
 # The switches of the speed rounds (issue 11 item 8), for the "before" variants. Second round: NumPy

@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for t
 
 from reprlab.methods.otcclip import stream as st  # noqa: E402
 from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.data.sources import ShardSource  # noqa: E402
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer  # noqa: E402
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer  # noqa: E402
-from reprlab.methods.otcclip.tokenizer import WordTokenizer  # noqa: E402
 from reprlab.methods.otcclip.trainer import TrainConfig  # noqa: E402
 from reprlab.train.dist import init_distributed  # noqa: E402
 from tests.methods.otcclip.test_trainer import CFG, DCFG  # noqa: E402
@@ -28,7 +29,7 @@ from tests.methods.otcclip.test_trainer import CFG, DCFG  # noqa: E402
 def main(shards: str, out: str, workers: int, arch: str = "tiny", clean: str = "") -> None:
     torch.set_num_threads(1)
     info = init_distributed(device="cpu")
-    src = st.ShardSource(shards)
+    src = ShardSource(shards)
     mcfg = CFG if arch == "tiny" else ModelConfig(arch=arch)  # open_clip: the sizes are its config's
     tok = build_tokenizer(mcfg) or WordTokenizer.from_texts(src.captions(1000))
     torch.manual_seed(0)
@@ -40,7 +41,7 @@ def main(shards: str, out: str, workers: int, arch: str = "tiny", clean: str = "
     )
     tr = st.StreamTrainer(model, src, tok, defense, TrainConfig(epochs=epochs, batch_size=8, warmup_steps=2, lr=0.5),
                           dcfg, 0, cfg, n_samples=src.count(), dist=info,
-                          clean=st.ShardSource(clean) if clean else None)  # fmt: skip
+                          clean=ShardSource(clean) if clean else None)  # fmt: skip
     # Adam turns float-noise gradients (exactly-zero ones, e.g. attention key biases) into lr-sized steps: compare
     # with SGD, as the in-memory DDP test does
     tr.opt = torch.optim.SGD(model.parameters(), lr=0.5)  # the trainer sets each step's lr from train.lr

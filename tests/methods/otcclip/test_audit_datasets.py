@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 
 from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
-from reprlab.methods.otcclip.datasets import load_pairs
-from reprlab.methods.otcclip.mosaic import PairSet, class_prompts
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.datasets import load_pairs
+from reprlab.methods.otcclip.data.mosaic import class_prompts
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 
 from .otcclip_oracle import CLASSES, OracleCLIP
 

@@ -21,8 +21,8 @@ except Exception as err:  # noqa: BLE001
                 allow_module_level=True)  # fmt: skip
 
 from reprlab.errors import ConfigError  # noqa: E402
-from reprlab.methods.otcclip import shards as sh  # noqa: E402
 from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.data import shards as sh  # noqa: E402
 from reprlab.methods.otcclip.models.build import build_model  # noqa: E402
 from reprlab.methods.otcclip.models.openclip import (  # noqa: E402
     TINY_CONFIG,

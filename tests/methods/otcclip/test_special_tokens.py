@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer, words
 from reprlab.methods.otcclip.models.hf import HFTokenizerAdapter
 from reprlab.methods.otcclip.models.openclip import OpenCLIPTokenizer
-from reprlab.methods.otcclip.tokenizer import WordTokenizer, words
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words
 
 CAPTIONS = [

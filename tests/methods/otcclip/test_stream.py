@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from reprlab.methods.otcclip import shards as sh
 from reprlab.methods.otcclip import stream as st
+from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.sources import ShardSource, open_source
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.transforms import ImageTransform, model_transform
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
 from tests.methods.otcclip.test_trainer import CFG, DCFG, _data, checkpoint, restore
 from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks
@@ -28,7 +30,7 @@ def _stream_trainer(pairs, path, defense, stream_cfg, epochs=2, batch=8, tok=Non
     torch.manual_seed(0)
     model = TinyCLIP(CFG, len(tok))
     return st.StreamTrainer(
-        model, st.ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
+        model, ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
         dcfg, 0, stream_cfg, n_samples=len(pairs), clean=clean,
     )  # fmt: skip
 
@@ -138,14 +140,12 @@ def test_a_table_streams_with_bad_rows_counted_and_images_at_the_models_size(tmp
         data = "".join(json.dumps({"image": p, "caption": c}) + "\n" for p, c in rows).encode() + b"{oops\n"
     path = tmp_path / f"pairs.{fmt}"
     path.write_bytes(data)
-    src = st.open_source(path)
+    src = open_source(path)
     tok = WordTokenizer.from_texts(src.captions(100))
     skip = Counter()
     # each slot on its own, so each is read to its end (together, the epoch would end with the first to run out)
     got = [
-        g
-        for s in (0, 1)
-        for g in st.SlotStream(src, [s], 2, 3, st.ImageTransform(28, 1), tok, 8, 0, False, 0)
+        g for s in (0, 1) for g in st.SlotStream(src, [s], 2, 3, ImageTransform(28, 1), tok, 8, 0, False, 0)
     ]
     batches = [g for g in got if not g.get("end")]
     for g in got:
@@ -171,15 +171,15 @@ def test_missing_or_wrong_sources_are_named(tmp_path):
     from reprlab.errors import ConfigError, DataError, DataFileMissingError
 
     with pytest.raises(DataFileMissingError, match="stream.source.*nowhere"):
-        st.open_source(tmp_path / "nowhere")
+        open_source(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="stream.source is empty"):
-        st.open_source("")
+        open_source("")
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(DataError, match="x.txt"):
-        st.open_source(tmp_path / "x.txt")
+        open_source(tmp_path / "x.txt")
     (tmp_path / "t.csv").write_text("file,label\na.png,1\n")
     with pytest.raises(DataError, match="caption"):
-        st.open_source(tmp_path / "t.csv")
+        open_source(tmp_path / "t.csv")
 
 
 def test_gpu_recipe_preflight_names_the_missing_shard_path(tmp_path):
@@ -237,7 +237,7 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     a = model.encode_image(x).global_
     b = raw.encode_image(((x + 1) / 2 - mean) / std).global_
     assert torch.allclose(a, b, atol=1e-6) and not torch.allclose(a, raw.encode_image(x).global_, atol=1e-3)
-    assert st.model_transform(model) == st.ImageTransform(32, 3)
+    assert model_transform(model) == ImageTransform(32, 3)
     # text: mean-pooled projected tokens (our word tokenizer has no EOS)
     ids = torch.tensor([[5, 6, 7, 0]])
     t = model.encode_text(ids, ids != 0)
@@ -251,7 +251,7 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     torch.manual_seed(0)
     model = build_model(cfg, len(tok))
     tr = st.StreamTrainer(
-        model, st.ShardSource(tmp_path), tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=1),
+        model, ShardSource(tmp_path), tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=1),
         DCFG, 0, st.StreamConfig(slots=2, num_workers=0, window_batches=1), n_samples=16,
     )  # fmt: skip
     before = [p.detach().clone() for p in model.parameters()]

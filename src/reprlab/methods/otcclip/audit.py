@@ -25,11 +25,11 @@ import torch
 import yaml
 
 from reprlab.errors import ConfigError
-from reprlab.methods.otcclip.evaluate import to_input
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.transforms import to_input
 from reprlab.methods.otcclip.losses import OTConfig, ot_solve
 from reprlab.methods.otcclip.matching import otc_rematch
 from reprlab.methods.otcclip.models.hf import load_hf_model
-from reprlab.methods.otcclip.mosaic import PairSet
 
 
 @dataclass
@@ -252,8 +252,8 @@ def run_tokenizer(cfg, run_dir: Path):
     """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
     saved (``artifacts/tokenizer.json``, a vocabulary list); else (an ``hf_clip`` run with ``model.tokenizer``,
     which saves none) the Hugging Face tokenizer of that folder."""
+    from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
     from reprlab.methods.otcclip.models.build import build_tokenizer
-    from reprlab.methods.otcclip.tokenizer import WordTokenizer
 
     tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
     if cfg.model.arch.startswith("open_clip:"):
@@ -280,7 +280,7 @@ def main(
 
     Writes ``out/flagged.csv``, ``out/audit.html`` and ``out/audit.json``; returns the summary.
     """
-    from reprlab.methods.otcclip.datasets import load_pairs
+    from reprlab.methods.otcclip.data.datasets import load_pairs
 
     validate_options(top, top_k, alpha, max_items)
     if (run_dir is None) == (hf_model is None):

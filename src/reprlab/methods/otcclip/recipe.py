@@ -22,108 +22,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.config import ModelConfig
+from reprlab.methods.otcclip.config import DataConfig, ModelConfig
+from reprlab.methods.otcclip.data.mosaic import class_prompts
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED, PairSet
+from reprlab.methods.otcclip.data.testbed import Testbed, build_testbed, testbed_info, trigger_params
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
-from reprlab.methods.otcclip.mosaic import (
-    BACKDOOR,
-    TARGETED,
-    LabeledSet,
-    PairSet,
-    SignatureIndex,
-    class_prompts,
-    make_mosaics,
-    make_single_items,
-)
-from reprlab.methods.otcclip.poison import TRIGGERS, TargetSet, add_backdoor, add_targeted, add_wanet_noise
-from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
 from reprlab.methods.otcclip.stream import StreamConfig
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, DefenseConfig, TrainConfig, Trainer
 from reprlab.report import Section
 from reprlab.runs import Run
 from reprlab.train.seed import seed_everything
-
-# Fashion-MNIST index ranges [ours]: mosaics draw from train[:50000], the linear probe trains on
-# train[50000:], evaluation uses test[:5000] and targets come from test[5000:], so no target image is
-# ever trained on (except as a poison) or evaluated as a clean item.
-MOSAIC_ITEMS, PROBE_ITEMS, EVAL_ITEMS, TARGET_ITEMS = (
-    slice(0, 50000),
-    slice(50000, 60000),
-    slice(0, 5000),
-    slice(5000, 10000),
-)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    testbed: str = field(
-        default="fashion_mnist",
-        metadata={
-            "help": "'fashion_mnist' (real items), 'shapes' (generated, tint recommended) or 'none' (train on "
-            "stream.source only; no zero-shot / probe / ASR evaluation)"
-        },
-    )
-    n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
-    min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
-    max_items: int = field(default=4, metadata={"help": "most items per mosaic (<= 4)"})
-    tint: bool = field(default=False, metadata={"help": "colour items and name the colour (3 channels)"})
-    n_targets: int = field(default=4, metadata={"help": "targeted-poison target images T"})
-    captions_per_target: int = field(default=25, metadata={"help": "poison captions per target N"})
-    backdoor_pairs: int = field(default=60, metadata={"help": "backdoored training pairs M"})
-    backdoor_target: str = field(default="bag", metadata={"help": "backdoor target class name"})
-    trigger: str = field(
-        default="badnets",
-        metadata={
-            "help": "backdoor trigger: 'badnets' (corner patch), 'badnets_random' (patch at a random "
-            "position per image), 'blended', 'sig' (sinusoid) or 'wanet' (smooth warp)",
-            "choices": list(TRIGGERS),
-        },
-    )
-    trigger_patch: int = field(default=8, metadata={"help": "BadNets patch side in px", "ge": 1, "le": 56})
-    sig_amplitude: float = field(
-        default=60.0, metadata={"help": "SIG amplitude in pixel units of 255 (CleanCLIP: 60/255)", "gt": 0}
-    )
-    sig_frequency: float = field(
-        default=6.0, metadata={"help": "SIG periods across the image width (Barni et al.: 6)", "gt": 0}
-    )
-    wanet_grid: int = field(default=4, metadata={"help": "WaNet control grid side k (WaNet: 4)", "ge": 2})
-    wanet_strength: float = field(
-        default=3.0, metadata={"help": "[ours] WaNet's largest displacement in px", "ge": 0}
-    )
-    wanet_noise_ratio: float = field(
-        default=0.0,
-        metadata={
-            "help": "WaNet noise mode: round(ratio * backdoor_pairs) clean pairs get the trigger warp plus "
-            "per-pixel noise and keep their true captions (WaNet's cross_ratio: 2; ours default 0 = off); "
-            "trigger 'wanet' only",
-            "ge": 0,
-        },
-    )
-    wanet_noise_px: float = field(
-        default=0.5,
-        metadata={
-            "help": "noise-mode per-pixel displacement noise, +- px per axis (WaNet: 1/H grid = 0.5 px)",
-            "gt": 0,
-        },
-    )
-    clean_finetune_pairs: int = field(
-        default=0,
-        metadata={
-            "help": "[ours] CleanCLIP's clean fine-tuning set: this many never-poisoned mosaic pairs from another "
-            "seed, trained on in CleanCLIP's fine-tuning epochs (other defenses ignore it); 0 = fine-tune on "
-            "the poisoned training pairs (the old behaviour)",
-            "ge": 0,
-        },
-    )
-    n_eval: int = field(
-        default=1000, metadata={"help": "single test items for zero-shot / probe / ASR (<= 5000)"}
-    )
-    n_probe_train: int = field(default=2000, metadata={"help": "single train items the linear probe fits on"})
-    probe_c: float = field(default=1.0, metadata={"help": "LogisticRegression C"})
-    probe_max_iter: int = field(default=1000, metadata={"help": "LogisticRegression max_iter"})
 
 
 @dataclass(frozen=True)
@@ -140,97 +51,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     defense: DefenseConfig = field(default_factory=DefenseConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
-
-
-@dataclass
-class Testbed:
-    pairs: PairSet
-    targets: TargetSet
-    eval_set: LabeledSet
-    probe_train: LabeledSet
-    backdoor_class: int
-    clean: PairSet | None = None  # CleanCLIP's clean fine-tuning set (data.clean_finetune_pairs)
-    wanet_noise_rows: torch.Tensor | None = None  # WaNet noise-mode rows of ``pairs``
-
-
-def trigger_params(cfg: DataConfig) -> dict:
-    """The trigger's settings from the data config, as keyword arguments of ``apply_trigger``."""
-    return {
-        "patch": cfg.trigger_patch,
-        "sig_amplitude": cfg.sig_amplitude,
-        "sig_frequency": cfg.sig_frequency,
-        "wanet_grid": cfg.wanet_grid,
-        "wanet_strength": cfg.wanet_strength,
-    }
-
-
-def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
-    """The poisoned training set and the evaluation sets, deterministic from ``seed``."""
-    if cfg.testbed == "fashion_mnist":
-        names = FASHION_MNIST_CLASSES
-        x, y = fashion_mnist("train")
-        xt, yt = fashion_mnist("test")
-    elif cfg.testbed == "shapes":
-        names = SHAPES
-        x, y = make_shape_items(60000, seed + 10)
-        xt, yt = make_shape_items(10000, seed + 11)
-    else:
-        raise ValueError(f"unknown testbed {cfg.testbed!r}; choose 'fashion_mnist' or 'shapes'")
-    if cfg.backdoor_target not in names:
-        raise ValueError(f"backdoor_target {cfg.backdoor_target!r} is not one of {names}")
-    if not 1 <= cfg.n_eval <= 5000:
-        raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
-    sigs = SignatureIndex()
-
-    def mosaics(n: int, mosaic_seed: int) -> PairSet:
-        return make_mosaics(
-            n,
-            mosaic_seed,
-            cfg.min_items,
-            cfg.max_items,
-            cfg.tint,
-            source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
-            signatures=sigs,
-            class_names=names,
-        )
-
-    pairs = mosaics(cfg.n_pairs, seed)
-    pairs, targets = add_targeted(
-        pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets, cfg.captions_per_target, seed + 1, cfg.tint
-    )
-    backdoor_class = names.index(cfg.backdoor_target)
-    pairs = add_backdoor(
-        pairs, cfg.backdoor_pairs, backdoor_class, cfg.trigger, seed + 2, sigs, **trigger_params(cfg)
-    )
-    noise_rows = None
-    if cfg.wanet_noise_ratio > 0:
-        if cfg.trigger != "wanet":
-            raise ValueError(f"data.wanet_noise_ratio needs data.trigger=wanet, not {cfg.trigger!r}")
-        pairs, noise_rows = add_wanet_noise(
-            pairs,
-            round(cfg.wanet_noise_ratio * cfg.backdoor_pairs),
-            seed + 6,
-            seed + 2,  # the backdoor's trigger seed
-            cfg.wanet_grid,
-            cfg.wanet_strength,
-            cfg.wanet_noise_px,
-        )
-    clean = None
-    if cfg.clean_finetune_pairs > 0:
-        # [ours] new scenes (seed + 5) from the same item pool as the training mosaics: a clean sample of the
-        # training distribution, never poisoned (poisons are built above, on the training pairs only)
-        clean = mosaics(cfg.clean_finetune_pairs, seed + 5)
-    xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
-    xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
-    return Testbed(
-        pairs,
-        targets,
-        make_single_items(xe, ye, seed + 3, cfg.tint),
-        make_single_items(xp, yp, seed + 4, cfg.tint),
-        backdoor_class,
-        clean,
-        noise_rows,
-    )
 
 
 def evaluate_model(model, tok: WordTokenizer, bed: Testbed, cfg: Config, probe: bool) -> dict[str, float]:
@@ -322,8 +142,8 @@ def preflight(cfg: Config) -> None:
     trainer, the model's architecture is available, and a clean source a defense trains on holds no item whose
     provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
     decoded)."""
+    from reprlab.methods.otcclip.data.sources import check_clean_source, open_source
     from reprlab.methods.otcclip.defenses.otcclip import whole_set_options
-    from reprlab.methods.otcclip.stream import check_clean_source, open_source
 
     if cfg.stream.source and cfg.stream.write_shards:
         raise ConfigError("give stream.source or stream.write_shards, not both")
@@ -371,7 +191,7 @@ def run(cfg: Config, run: Run) -> dict:
     tok = build_tokenizer(cfg.model) or WordTokenizer.from_texts(bed.pairs.captions)
     _save_tokenizer(run, tok)
     data_info = {"n_pairs": len(bed.pairs), "vocab": len(tok), "testbed": cfg.data.testbed}
-    data_info.update(_testbed_info(cfg, bed, bed.pairs.kind))
+    data_info.update(testbed_info(cfg.data, bed, bed.pairs.kind))
     run.save_json("analysis/data.json", data_info)
     summary: dict[str, float | int | str] = {
         "n_pairs": len(bed.pairs),
@@ -398,8 +218,9 @@ def run_stream(cfg: Config, run: Run) -> dict:
     stage (``stream.write_shards``) or the user's ``stream.source``; evaluate on the testbed's held-out sets.
     CleanCLIP's clean fine-tuning epochs stream ``stream.clean_source``, else (when a defense trains on it) the
     testbed's ``data.clean_finetune_pairs`` set written as shards by a stage ``clean_shards``."""
-    from reprlab.methods.otcclip.shards import write_shards
-    from reprlab.methods.otcclip.stream import ShardSource, open_source, vocabulary_texts
+    from reprlab.methods.otcclip.data.shards import write_shards
+    from reprlab.methods.otcclip.data.sources import ShardSource, open_source
+    from reprlab.methods.otcclip.stream import vocabulary_texts
     from reprlab.train.dist import init_distributed
 
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
@@ -447,7 +268,7 @@ def run_stream(cfg: Config, run: Run) -> dict:
     }
     if bed is not None:
         kinds = bed.pairs.kind if sc.write_shards else None
-        data_info.update(_testbed_info(cfg, bed, kinds))
+        data_info.update(testbed_info(cfg.data, bed, kinds))
     if clean_source is not None:
         data_info["clean_source"] = str(sc.clean_source or clean_dir)
     if clean_source is None or sc.clean_source:
@@ -486,7 +307,7 @@ def _clean_shards(cfg: Config, run: Run, clean: PairSet) -> Path:
     in ``<run>/clean_shards``, the stream's clean source; run only when a defense trains on it (a resumed run
     that adds one writes them then). Near-equal shards, a multiple of ``stream.slots`` of them (every slot gets a
     share however small the set), at most ``stream.shard_size`` each."""
-    from reprlab.methods.otcclip.shards import clean_shard_size, write_clean_shards
+    from reprlab.methods.otcclip.data.shards import clean_shard_size, write_clean_shards
 
     sc, out = cfg.stream, run.dir / "clean_shards"
 
@@ -507,32 +328,6 @@ def _source_channels(source, bed: Testbed | None) -> int:
     manifest = source.manifest() if hasattr(source, "manifest") else None
     shape = (manifest or {}).get("image_shape")
     return int(shape[0]) if shape else 3
-
-
-def _testbed_info(cfg: Config, bed: Testbed, kinds: torch.Tensor | None) -> dict:
-    """The report's data fields for the testbed (poison counts only when the stream is the testbed itself)."""
-    out = {
-        "n_eval": len(bed.eval_set.labels),
-        "targets": [
-            {"true": bed.pairs.class_names[int(t)], "target": bed.pairs.class_names[int(g)]}
-            for t, g in zip(bed.targets.true, bed.targets.target)
-        ],
-        "backdoor_target": cfg.data.backdoor_target,
-        "trigger": cfg.data.trigger,
-    }
-    if bed.clean is not None:
-        out["n_clean_finetune"] = len(bed.clean)
-    if bed.wanet_noise_rows is not None:
-        out["n_wanet_noise"] = len(bed.wanet_noise_rows)
-    if kinds is not None:
-        out.update(
-            n_clean=int((kinds == 0).sum()),
-            n_targeted=int((kinds == TARGETED).sum()),
-            n_backdoor=int((kinds == BACKDOOR).sum()),
-            poison_rate=float((kinds != 0).float().mean()),
-            caption_examples=bed.pairs.captions[:5],
-        )
-    return out
 
 
 def train_defense_stream(

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import DEFAULT_DEFENSES, REGISTRY, Batch, DefenseConfig, make_defense
 from reprlab.methods.otcclip.matching import CaptionBank
-from reprlab.methods.otcclip.mosaic import PairSet
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
 from reprlab.train.dist import DistInfo, all_gather_nograd, average_gradients, shard
 
 DEFENSES = DEFAULT_DEFENSES  # trained by default, in this order

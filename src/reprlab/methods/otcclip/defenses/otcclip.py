@@ -22,8 +22,8 @@ import warnings
 import torch
 
 from reprlab.errors import ConfigError
+from reprlab.methods.otcclip.data.transforms import to_input
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.evaluate import to_input
 from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_features, used_width
 from reprlab.methods.otcclip.models.features import (

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from reprlab.methods.otcclip.mosaic import PairSet
+from reprlab.methods.otcclip.data.pairs import PairSet
 
 MANIFEST = "manifest.json"
 
