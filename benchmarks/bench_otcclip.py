@@ -43,9 +43,10 @@ import torch.nn.functional as F
 from reprlab.methods.otcclip.config import DataConfig, ModelConfig
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
+from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
+from reprlab.methods.otcclip.defenses.losses import ot_distances, ot_solve
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
+from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words
 
 # The switches of the speed rounds (issue 11 item 8), for the "before" variants. Second round: NumPy
 # small-problem Sinkhorn blocks, the eval-mode pool encode, the one-node cosine/envelope backward of the OT
@@ -54,12 +55,12 @@ from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer,
 _SWITCHES = {
     2: (
         ("reprlab.ot.sinkhorn", "NUMPY_SMALL"),
-        ("reprlab.methods.otcclip.matching", "POOL_EVAL_FORWARD"),
-        ("reprlab.methods.otcclip.losses", "GROUPED_COSINE_GRAD"),
+        ("reprlab.methods.otcclip.defenses.matching", "POOL_EVAL_FORWARD"),
+        ("reprlab.methods.otcclip.defenses.losses", "GROUPED_COSINE_GRAD"),
     ),
     3: (
         ("reprlab.ot.sinkhorn", "RETIRE_CONVERGED"),
-        ("reprlab.methods.otcclip.matching", "SKIP_OWN_DUPLICATE"),
+        ("reprlab.methods.otcclip.defenses.matching", "SKIP_OWN_DUPLICATE"),
         ("reprlab.methods.otcclip.defenses.otcclip", "POOL_SKIPS_INTRA_ROWS"),
     ),
 }

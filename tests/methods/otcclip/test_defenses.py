@@ -16,9 +16,9 @@ import torch
 
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import REGISTRY, Defense
-from reprlab.methods.otcclip.losses import OTConfig
+from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import DefenseConfig, Trainer
+from reprlab.methods.otcclip.trainer import Trainer
 
 from .planted import DIM, TRAIN, PlantedCLIP, image_class, planted_pairs, symmetric_infonce
 

@@ -190,7 +190,8 @@ def test_a_few_otcclip_epochs_reduce_the_loss_and_reach_patch_and_token_features
     assert ot, stats[-1]
     # one step of the OT terms alone moves the last blocks' weights of both towers (patch and token features)
     ids, mask = tok.encode(data.captions[:8], model.cfg.max_len)
-    from reprlab.methods.otcclip.losses import OTConfig, ot_alignment
+    from reprlab.methods.otcclip.defenses.config import OTConfig
+    from reprlab.methods.otcclip.defenses.losses import ot_alignment
 
     img = model.encode_image(data.images[:8].float() / 127.5 - 1)
     txt = model.encode_text(ids, mask)

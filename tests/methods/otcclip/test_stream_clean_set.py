@@ -29,8 +29,7 @@ from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.sources import ShardSource
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.data.transforms import ImageTransform
-from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.trainer import DefenseConfig
+from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 
 from .planted import TRAIN, PlantedCLIP, planted_pairs
 from .test_cleanclip_clean_set import _clean_mosaics, _expected, _mosaic_trainer, clean_planted

@@ -13,9 +13,9 @@ from reprlab.methods.otcclip.data.mosaic import make_mosaics
 from reprlab.methods.otcclip.data.pairs import SignatureIndex
 from reprlab.methods.otcclip.data.poison import add_backdoor
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.losses import OTConfig
+from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words, lr_factor
+from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words, lr_factor
 
 CFG = ModelConfig(
     patch_size=14,

@@ -27,8 +27,9 @@ import yaml
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.data.pairs import PairSet
 from reprlab.methods.otcclip.data.transforms import to_input
-from reprlab.methods.otcclip.losses import OTConfig, ot_solve
-from reprlab.methods.otcclip.matching import otc_rematch
+from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.defenses.losses import ot_solve
+from reprlab.methods.otcclip.defenses.matching import otc_rematch
 from reprlab.methods.otcclip.models.hf import load_hf_model
 
 

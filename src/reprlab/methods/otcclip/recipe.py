@@ -29,9 +29,10 @@ from reprlab.methods.otcclip.data.mosaic import class_prompts
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED, PairSet
 from reprlab.methods.otcclip.data.testbed import Testbed, build_testbed, testbed_info, trigger_params
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.defenses.config import DefenseConfig
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
 from reprlab.methods.otcclip.stream import StreamConfig
-from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, DefenseConfig, TrainConfig, Trainer
+from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, TrainConfig, Trainer
 from reprlab.report import Section
 from reprlab.runs import Run
 from reprlab.train.seed import seed_everything
@@ -143,7 +144,7 @@ def preflight(cfg: Config) -> None:
     provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
     decoded)."""
     from reprlab.methods.otcclip.data.sources import check_clean_source, open_source
-    from reprlab.methods.otcclip.defenses.otcclip import whole_set_options
+    from reprlab.methods.otcclip.defenses.config import whole_set_options
 
     if cfg.stream.source and cfg.stream.write_shards:
         raise ConfigError("give stream.source or stream.write_shards, not both")

@@ -32,7 +32,7 @@ from torch import nn
 from reprlab.methods.otcclip.data.pairs import PairSet
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import DEFAULT_DEFENSES, REGISTRY, Batch, DefenseConfig, make_defense
-from reprlab.methods.otcclip.matching import CaptionBank
+from reprlab.methods.otcclip.defenses.matching import CaptionBank
 from reprlab.train.dist import DistInfo, all_gather_nograd, average_gradients, shard
 
 DEFENSES = DEFAULT_DEFENSES  # trained by default, in this order
