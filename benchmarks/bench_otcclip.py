@@ -40,13 +40,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import DataConfig, ModelConfig
+from reprlab.methods.otcclip.config import DataConfig, ModelConfig, TrainConfig
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.defenses.losses import ot_distances, ot_solve
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words
+from reprlab.methods.otcclip.training.augment import drop_words
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 # The switches of the speed rounds (issue 11 item 8), for the "before" variants. Second round: NumPy
 # small-problem Sinkhorn blocks, the eval-mode pool encode, the one-node cosine/envelope backward of the OT

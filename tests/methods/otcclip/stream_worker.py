@@ -16,12 +16,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the tests package
 
-from reprlab.methods.otcclip import stream as st  # noqa: E402
-from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.config import (
+    ModelConfig,  # noqa: E402
+    StreamConfig,  # noqa: E402
+    TrainConfig,  # noqa: E402
+)
 from reprlab.methods.otcclip.data.sources import ShardSource  # noqa: E402
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer  # noqa: E402
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer  # noqa: E402
-from reprlab.methods.otcclip.trainer import TrainConfig  # noqa: E402
+from reprlab.methods.otcclip.training import stream as st  # noqa: E402
 from reprlab.train.dist import init_distributed  # noqa: E402
 from tests.methods.otcclip.test_trainer import CFG, DCFG  # noqa: E402
 
@@ -35,7 +38,7 @@ def main(shards: str, out: str, workers: int, arch: str = "tiny", clean: str = "
     torch.manual_seed(0)
     model = build_model(mcfg, len(tok))
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=2)
+    cfg = StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=2)
     defense, epochs, dcfg = (
         ("cleanclip", 3, replace(DCFG, cleanclip_start_epoch=1)) if clean else ("otcclip", 2, DCFG)
     )

@@ -18,7 +18,7 @@ from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import REGISTRY, Defense
 from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import Trainer
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 from .planted import DIM, TRAIN, PlantedCLIP, image_class, planted_pairs, symmetric_infonce
 

@@ -22,7 +22,7 @@ from reprlab.methods.otcclip.config import ModelConfig
 from reprlab.methods.otcclip.defenses.config import OTConfig
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
-from reprlab.methods.otcclip.trainer import Trainer
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 from .planted import DIM, image_class
 from .test_defenses import _planted as _planted_defense
@@ -255,7 +255,7 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip import recipe
     from reprlab.methods.otcclip.defenses import DefenseConfig, make_defense
-    from reprlab.methods.otcclip.stream import StreamTrainer
+    from reprlab.methods.otcclip.training.stream import StreamTrainer
 
     from .test_recipe import _cfg
 

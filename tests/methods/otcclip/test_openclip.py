@@ -21,7 +21,10 @@ except Exception as err:  # noqa: BLE001
                 allow_module_level=True)  # fmt: skip
 
 from reprlab.errors import ConfigError  # noqa: E402
-from reprlab.methods.otcclip.config import ModelConfig  # noqa: E402
+from reprlab.methods.otcclip.config import (
+    ModelConfig,  # noqa: E402
+    TrainConfig,  # noqa: E402
+)
 from reprlab.methods.otcclip.data import shards as sh  # noqa: E402
 from reprlab.methods.otcclip.models.build import build_model  # noqa: E402
 from reprlab.methods.otcclip.models.openclip import (  # noqa: E402
@@ -31,7 +34,7 @@ from reprlab.methods.otcclip.models.openclip import (  # noqa: E402
     attnpool_queries,
     create_openclip,
 )
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer  # noqa: E402
+from reprlab.methods.otcclip.training.trainer import Trainer  # noqa: E402
 from tests.methods.otcclip.test_trainer import DCFG, _data  # noqa: E402
 from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks  # noqa: E402
 
@@ -256,7 +259,7 @@ def test_the_openclip_recipe_runs_end_to_end_on_a_miniature(tmp_path):
 def test_word_dropout_keeps_open_clips_sot_and_eot_where_its_pooling_reads():
     """open_clip's text tower pools at argmax(ids) = EOT: dropout at p = 0.9 keeps SOT first and EOT right after
     the last kept word, so the pooled feature is the EOT's (oracle: open_clip's encode_text on the kept ids)."""
-    from reprlab.methods.otcclip.trainer import drop_words
+    from reprlab.methods.otcclip.training.augment import drop_words
     from tests.methods.otcclip.test_special_tokens import CAPTIONS as CAPS
     from tests.methods.otcclip.test_special_tokens import _check_kept_in_place
 

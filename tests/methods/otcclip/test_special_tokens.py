@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
+from reprlab.methods.otcclip.config import TrainConfig
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer, words
 from reprlab.methods.otcclip.models.hf import HFTokenizerAdapter
 from reprlab.methods.otcclip.models.openclip import OpenCLIPTokenizer
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words
+from reprlab.methods.otcclip.training.augment import drop_words
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 CAPTIONS = [
     "a sneaker top left a bag bottom right",

@@ -24,12 +24,14 @@ import pytest
 import torch
 
 from reprlab.errors import ConfigError, DataError, DataFileMissingError
-from reprlab.methods.otcclip import stream as st
+from reprlab.methods.otcclip.config import StreamConfig
 from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.sources import ShardSource
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.data.transforms import ImageTransform
 from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
+from reprlab.methods.otcclip.training import stream as st
+from reprlab.methods.otcclip.training.slots import SlotStream
 
 from .planted import TRAIN, PlantedCLIP, planted_pairs
 from .test_cleanclip_clean_set import _clean_mosaics, _expected, _mosaic_trainer, clean_planted
@@ -58,7 +60,7 @@ def test_one_window_with_a_clean_source_equals_the_in_memory_trainer_with_that_c
     clean = _clean_mosaics(items)
     mem = _mosaic_trainer(items, "cleanclip", clean)
     pairs = mem.data  # the poisoned pairs (before run_epoch points data at the clean set)
-    cfg = st.StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
+    cfg = StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
     stream = _stream_trainer(
         pairs, _write(pairs, tmp_path / "train"), "cleanclip", cfg, epochs=3, tok=mem.tokenizer, dcfg=CLEAN_DCFG,
         clean=ShardSource(_write(clean, tmp_path / "clean")),
@@ -94,7 +96,7 @@ def test_planted_fine_tuning_epochs_train_on_the_clean_stream_not_the_poisoned_o
     )  # fmt: skip
     tr = st.StreamTrainer(
         _StreamedPlanted(tok), ShardSource(_write(pairs, tmp_path / "train")), tok, "cleanclip", TRAIN, dcfg, 0,
-        st.StreamConfig(slots=2, num_workers=2, window_batches=1), n_samples=16,
+        StreamConfig(slots=2, num_workers=2, window_batches=1), n_samples=16,
         clean=ShardSource(_write(clean, tmp_path / "clean")),
     )  # fmt: skip
     scale = float(tr.model.scale().detach())
@@ -119,7 +121,7 @@ def test_other_defenses_ignore_the_clean_source_bit_for_bit(items, tmp_path, def
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train", shard_size=4)
     clean = ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
     a = _stream_trainer(pairs, train, defense, cfg, dcfg=CLEAN_DCFG)
     b = _stream_trainer(pairs, train, defense, cfg, dcfg=CLEAN_DCFG, clean=clean)
     assert b.clean_stream is None
@@ -135,7 +137,7 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_stream(items, 
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train", shard_size=4)
     clean = ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
 
     def trainer(with_clean=True):
         return _stream_trainer(
@@ -167,7 +169,7 @@ def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
     tok = WordTokenizer.from_texts(["a"])
 
     def indices(cycle, buffer):
-        stream = st.SlotStream(src, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, True, buffer)
+        stream = SlotStream(src, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, True, buffer)
         stream.set_epoch(1, cycle)
         return [i for g in stream if not g.get("end") for i in g["index"].tolist()]
 
@@ -180,7 +182,7 @@ def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
     # the buffer's draws depend on the pass too: the same shard order read through pass 1's buffer differs
     # from pass 0's buffer over that order
     one = ShardSource([src.shards[i // 2] for i in indices(1, 0)[::2]])
-    again = st.SlotStream(one, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, False, 3)
+    again = SlotStream(one, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, False, 3)
     again.set_epoch(1, 0)
     assert [i for g in again if not g.get("end") for i in g["index"].tolist()] != indices(1, 3)
 
@@ -189,7 +191,7 @@ def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
 def test_a_poisoned_or_too_small_clean_source_stops_training_with_its_name(items, tmp_path):
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train")
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2)
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2)
     # library callers skip preflight: the poisoned window itself stops the fine-tuning epoch
     poisoned = _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=ShardSource(train))
     poisoned.run_epoch(0)

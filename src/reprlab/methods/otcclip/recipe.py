@@ -22,17 +22,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from reprlab.assets import FASHION_MNIST_CLASSES
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.config import DataConfig, ModelConfig
+from reprlab.methods.otcclip.config import DataConfig, ModelConfig, StreamConfig, TrainConfig
 from reprlab.methods.otcclip.data.mosaic import class_prompts
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED, PairSet
 from reprlab.methods.otcclip.data.testbed import Testbed, build_testbed, testbed_info, trigger_params
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.defenses import REGISTRY
+from reprlab.methods.otcclip.defenses.config import DEFAULT_DEFENSES as DEFENSES
 from reprlab.methods.otcclip.defenses.config import DefenseConfig
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
-from reprlab.methods.otcclip.stream import StreamConfig
-from reprlab.methods.otcclip.trainer import AVAILABLE_DEFENSES, DEFENSES, TrainConfig, Trainer
+from reprlab.methods.otcclip.training.trainer import Trainer
 from reprlab.report import Section
 from reprlab.runs import Run
 from reprlab.train.seed import seed_everything
@@ -178,8 +180,8 @@ def run(cfg: Config, run: Run) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     for d in cfg.defenses:
-        if d not in AVAILABLE_DEFENSES:
-            raise ConfigError(f"unknown defense {d!r} in defenses; choose from {AVAILABLE_DEFENSES}")
+        if d not in REGISTRY:
+            raise ConfigError(f"unknown defense {d!r} in defenses; choose from {tuple(REGISTRY)}")
     seed_everything(cfg.seed)
     if streaming(cfg):
         preflight(cfg)  # again: library callers of run() skip the runner's hook
@@ -221,7 +223,6 @@ def run_stream(cfg: Config, run: Run) -> dict:
     testbed's ``data.clean_finetune_pairs`` set written as shards by a stage ``clean_shards``."""
     from reprlab.methods.otcclip.data.shards import write_shards
     from reprlab.methods.otcclip.data.sources import ShardSource, open_source
-    from reprlab.methods.otcclip.stream import vocabulary_texts
     from reprlab.train.dist import init_distributed
 
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
@@ -336,7 +337,7 @@ def train_defense_stream(
 ) -> dict:
     """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it;
     ``clean_source``: CleanCLIP's clean fine-tuning stream (``stream.clean_source`` or the written clean set)."""
-    from reprlab.methods.otcclip.stream import StreamTrainer
+    from reprlab.methods.otcclip.training.stream import StreamTrainer
 
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     model = build_model(cfg.model, len(tok), channels).to(run.device)
@@ -552,3 +553,13 @@ def _wrap(text: str, width: int = 34) -> str:
         else:
             line = f"{line} {w}".strip()
     return "\n".join([*out, line])
+
+
+def vocabulary_texts(
+    source, limit: int, class_names=FASHION_MNIST_CLASSES, prompts: bool = True
+) -> list[str]:
+    """Captions (text only, no image decoded) to build a word vocabulary from, plus the evaluation prompts."""
+    texts = source.captions(limit)
+    if prompts:
+        texts += [p for row in class_prompts(class_names) for p in row]
+    return texts

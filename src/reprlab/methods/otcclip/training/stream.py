@@ -1,14 +1,6 @@
 """Training from streamed image-caption data: webdataset-layout shards or a CSV/TSV/JSONL table of (image path,
-caption), read by DataLoader workers, never all in RAM [ours; issue 11 item 5].
-
-**Slots.** The data is split into ``slots`` logical sub-streams: a shard source gives slot ``s`` the shards
-``order[s::slots]`` (``order`` permuted per epoch with ``shuffle_shards``), a table gives it rows ``i`` with
-``i % slots == s``. Each slot yields minibatches of ``batch_size / slots`` samples (after an optional per-slot
-shuffle buffer seeded by (seed, epoch, slot)); global round ``j`` is the concatenation of every slot's ``j``-th
-minibatch in slot order. Ranks own contiguous blocks of slots and DataLoader workers split a rank's slots, so
-the sequence of global rounds depends on ``slots`` only, not on the number of ranks or workers (tested: 2
-torchrun ranks against one process). An epoch ends when the first slot runs out (the rest is dropped, like
-``drop_last``); give slots equal shares (shard count a multiple of ``slots``).
+caption) (:mod:`..data.sources`), read in slots by DataLoader workers (:mod:`.slots`), never all in RAM [ours].
+Workers decode to the model's input size (:func:`~..data.transforms.model_transform`).
 
 **Windows** [ours]. The trainer gathers ``window_batches`` rounds from all ranks into a window (uint8 images at
 the model's input size plus token ids; memory = one window per rank), shuffles them with a generator seeded by
@@ -19,13 +11,6 @@ window's pair cosines, not on all pairs. OTCCLIP and RoCLIP-style re-matching ne
 the global batch plus the FIFO caption bank, filled with features gathered from all ranks, which is already a
 streaming structure (a larger ``defense.bank_size`` widens the pool; it never holds images).
 
-**Preprocessing** is the model's own (:func:`model_transform`): workers decode, resize the shorter side to
-the model's input size (bicubic, as CLIP's processor) and centre-crop, keeping ``uint8``; the trainer's
-augmentation maps to [-1, 1] and the model maps that to its own normalisation (TinyCLIP: [-1, 1] itself; the
-Hugging Face adapter: its processor's mean and std; the open_clip adapter: its model's preprocess_cfg mean, std and
-size, whose ``resize_mode='shortest'`` + bicubic this decode matches). An image already at the input size is not resampled, so
-shards of our mosaics stream back the exact pixels.
-
 **Clean fine-tuning source** [ours]. ``stream.clean_source`` (same formats as ``stream.source``) is CleanCLIP's
 known-clean set on the streamed path, as ``data.clean_finetune_pairs`` is in memory: epochs whose phase is in the
 defense's ``clean_phases`` stream it instead of ``stream.source``, through the same slots, workers and windows.
@@ -35,220 +20,22 @@ seeded by (seed, epoch, p), and window ``k`` of every pass permuted by the next 
 (seed, epoch, k). So with one window covering the clean set each pass is a fresh permutation drawn exactly as the
 in-memory trainer cycles its clean set, and both give bitwise-equal weights (tested). Defenses without clean
 phases never open it. A clean window holding an item whose provenance says poisoned stops training.
-
-Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON) are
-skipped and counted per reason; the counts are logged per epoch as ``data_skipped_<reason>``.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter, deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
-from reprlab.assets import FASHION_MNIST_CLASSES
 from reprlab.errors import ConfigError, DataError
-from reprlab.methods.otcclip.data import shards as sh
-from reprlab.methods.otcclip.data.datasets import MAX_CAPTION_CHARS
+from reprlab.methods.otcclip.config import StreamConfig
 from reprlab.methods.otcclip.data.sources import ShardSource
-from reprlab.methods.otcclip.data.transforms import ImageTransform, model_transform
-from reprlab.methods.otcclip.trainer import Trainer
+from reprlab.methods.otcclip.data.transforms import model_transform
+from reprlab.methods.otcclip.training.slots import SlotStream
+from reprlab.methods.otcclip.training.trainer import Trainer
 from reprlab.train.dist import all_gather_nograd
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    source: str = field(
-        default="",
-        metadata={
-            "help": "training data to stream: a folder of webdataset .tar shards, one .tar, or a CSV/TSV/JSONL of "
-            "(image path, caption); '' = the in-memory testbed (or the shards written by write_shards)"
-        },
-    )
-    write_shards: bool = field(
-        default=False,
-        metadata={
-            "help": "[ours] first stage: write the recipe's poisoned testbed as shards into <run>/shards "
-            "(as `reprlab otcclip make-shards`) and train by streaming them"
-        },
-    )
-    clean_source: str = field(
-        default="",
-        metadata={
-            "help": "[ours] CleanCLIP's clean fine-tuning data, streamed instead of stream.source in the defense's "
-            "clean phases (same formats; e.g. `reprlab otcclip make-shards --clean-finetune-pairs`); other "
-            "defenses ignore it; replaces the testbed's data.clean_finetune_pairs set (which, when this is '', "
-            "is written as shards and streamed); '' and no such set = fine-tune on stream.source"
-        },
-    )
-    shard_size: int = field(
-        default=265, metadata={"help": "samples per shard written by write_shards", "ge": 1}
-    )
-    image_root: str = field(
-        default="",
-        metadata={
-            "help": "folder a table's image paths are relative to, for stream.source and stream.clean_source "
-            "('' = each table's own folder)"
-        },
-    )
-    slots: int = field(
-        default=2,
-        metadata={
-            "help": "[ours] logical sub-streams; fixes the data order whatever the ranks and workers (must divide "
-            "train.batch_size, be a multiple of the world size, and not exceed the shard count)",
-            "ge": 1,
-        },
-    )
-    num_workers: int = field(
-        default=2,
-        metadata={
-            "help": "DataLoader workers per rank (0 = in-process); lowered to the largest count that splits the "
-            "rank's slots evenly"
-        },
-    )
-    persistent_workers: bool = field(
-        default=True,
-        metadata={
-            "help": "keep the DataLoader workers alive across epochs (the epoch reaches them through shared memory) "
-            "instead of starting them again every epoch"
-        },
-    )
-    window_batches: int = field(
-        default=10,
-        metadata={
-            "help": "[ours] global batches per window: the unit of shuffling and of SafeCLIP-style splits; "
-            "memory holds one window of images per rank",
-            "ge": 1,
-        },
-    )
-    shuffle_shards: bool = field(default=True, metadata={"help": "permute the shard order every epoch"})
-    shuffle_buffer: int = field(
-        default=0, metadata={"help": "per-slot shuffle buffer in samples [ours; 0 = file order]", "ge": 0}
-    )
-    n_samples: int = field(
-        default=0,
-        metadata={
-            "help": "samples per epoch for the learning-rate schedule (0 = manifest.json's n_samples, or one "
-            "counting pass over a table / the shards)",
-            "ge": 0,
-        },
-    )
-    vocab_samples: int = field(
-        default=200_000,
-        metadata={
-            "help": "[ours] captions read (text only) to build the word vocabulary of a user source",
-            "ge": 1,
-        },
-    )
-
-
-# ---------------------------------------------------------------------- the worker-side dataset
-class SlotStream(IterableDataset):
-    """Minibatches of one rank's slots (module docstring). Each item is a dict: ``slot``, ``round``,
-    ``images uint8 (m, C, S, S)``, ``ids``/``mask (m, max_len)``, ``sig``/``kind``/``index (m,)``, ``skipped``
-    (a Counter since the previous item); or ``{"slot": s, "end": True}`` once slot ``s`` has no full
-    minibatch left."""
-
-    def __init__(self, source, slots: list[int], n_slots: int, per_slot: int, transform: ImageTransform,
-                 tokenizer, max_len: int, seed: int, shuffle_shards: bool, shuffle_buffer: int):  # fmt: skip
-        super().__init__()
-        self.source, self.slots, self.n_slots, self.per_slot = source, slots, n_slots, per_slot
-        self.transform, self.tokenizer, self.max_len = transform, tokenizer, max_len
-        self.seed, self.shuffle_shards, self.shuffle_buffer = seed, shuffle_shards, shuffle_buffer
-        # shared memory: persistent DataLoader workers hold a copy of this dataset made when they started, and
-        # read the epoch from here each time an epoch's iteration starts
-        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
-        self._cycle = torch.zeros((), dtype=torch.long).share_memory_()  # the pass over a cycled clean source
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch)
-
-    @property
-    def cycle(self) -> int:
-        return int(self._cycle)
-
-    def set_epoch(self, epoch: int, cycle: int = 0) -> None:
-        self._epoch.fill_(epoch)
-        self._cycle.fill_(cycle)
-
-    def _samples(self, slot: int, skip: Counter) -> Iterator[tuple[torch.Tensor, str, dict]]:
-        for _name, image, caption, meta in self.source.items(
-            slot, self.n_slots, self.seed, self.epoch, self.shuffle_shards, skip, self.cycle
-        ):
-            if caption is None:
-                skip["missing_caption"] += 1
-                continue
-            if not caption.strip():
-                skip["empty_caption"] += 1
-                continue
-            if len(caption) > MAX_CAPTION_CHARS:
-                skip["caption_too_long"] += 1
-                continue
-            if image is None or (isinstance(image, Path) and not image.exists()):
-                skip["missing_image"] += 1
-                continue
-            try:
-                pixels = self.transform(image)
-            except Exception:  # PIL raises many types for corrupt files
-                skip["unreadable_image"] += 1
-                continue
-            yield pixels, caption.strip(), meta
-
-    def _shuffled(self, slot: int, skip: Counter):
-        samples = self._samples(slot, skip)
-        if self.shuffle_buffer <= 0:
-            yield from samples
-            return
-        key = [self.seed, self.epoch, slot, 17] + ([self.cycle] if self.cycle else [])
-        rng = np.random.default_rng(key)
-        yield from sh.buffered_shuffle(samples, self.shuffle_buffer, rng)
-
-    def _batch(self, slot: int, rnd: int, rows: list, skip: Counter) -> dict:
-        ids, mask = self.tokenizer.encode([c for _, c, _ in rows], self.max_len)
-        meta = [m for _, _, m in rows]
-        out = {
-            "slot": slot,
-            "round": rnd,
-            "images": torch.stack([p for p, _, _ in rows]),
-            "ids": ids,
-            "mask": mask,
-            "sig": torch.tensor([int(m["sig"]) if "sig" in m else _caption_sig(c) for _, c, m in rows]),
-            "kind": torch.tensor([int(m.get("kind", 0)) for m in meta]),
-            "index": torch.tensor([int(m.get("index", -1)) for m in meta]),
-            "skipped": Counter(skip),
-        }
-        skip.clear()
-        return out
-
-    def __iter__(self):
-        info = get_worker_info()
-        mine = self.slots if info is None else self.slots[info.id :: info.num_workers]
-        skips = {s: Counter() for s in mine}
-        streams = {s: self._shuffled(s, skips[s]) for s in mine}
-        rnd = 0
-        while True:
-            for s in mine:
-                rows = [r for _, r in zip(range(self.per_slot), streams[s])]
-                if len(rows) < self.per_slot:
-                    # a worker stops with its first exhausted slot: the epoch ends there anyway
-                    for t in mine:
-                        yield {"slot": t, "end": True, "skipped": skips[t]}
-                    return
-                yield self._batch(s, rnd, rows, skips[s])
-            rnd += 1
-
-
-def _caption_sig(caption: str) -> int:
-    """Content id of a caption without provenance: equal ids = the same caption text (case-insensitive), as the
-    audit loader groups them; only re-matching diagnostics read it."""
-    return zlib.crc32(caption.lower().encode("utf-8")) & 0x7FFFFFFF
 
 
 # ---------------------------------------------------------------------- the window
@@ -475,15 +262,3 @@ class StreamTrainer(Trainer):
         for e in self.examples[n:]:  # a window position means nothing later: keep the image and dataset index
             e["image"] = self.data.images[e["index"]].tolist()
             e["index"] = int(self.data.index[e["index"]])
-
-
-def vocabulary_texts(
-    source, limit: int, class_names=FASHION_MNIST_CLASSES, prompts: bool = True
-) -> list[str]:
-    """Captions (text only, no image decoded) to build a word vocabulary from, plus the evaluation prompts."""
-    from reprlab.methods.otcclip.data.mosaic import class_prompts
-
-    texts = source.captions(limit)
-    if prompts:
-        texts += [p for row in class_prompts(class_names) for p in row]
-    return texts
