@@ -40,10 +40,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import DataConfig, ModelConfig, TrainConfig
+from reprlab.methods.otcclip.config import DataConfig, DefenseConfig, ModelConfig, OTConfig, TrainConfig
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.defenses.losses import ot_distances, ot_solve
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.training.augment import drop_words

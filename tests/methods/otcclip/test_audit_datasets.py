@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
 from reprlab.methods.otcclip.data.datasets import load_pairs
 from reprlab.methods.otcclip.data.mosaic import class_prompts
 from reprlab.methods.otcclip.data.pairs import PairSet
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation.audit import audit_pairs, precision_recall, write_outputs
 
 from .otcclip_oracle import CLASSES, OracleCLIP
 
@@ -162,7 +162,7 @@ def test_audit_options_are_validated_with_a_clear_error(tmp_path):
 
     from reprlab.cli import app  # through `reprlab otcclip audit`: an input error is one line and exit 2
     from reprlab.errors import ConfigError
-    from reprlab.methods.otcclip.audit import validate_options
+    from reprlab.methods.otcclip.evaluation.audit import validate_options
 
     _two_images(tmp_path)
     (tmp_path / "p.csv").write_text("image,caption\na.png,a dog\n")

@@ -15,12 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import TrainConfig
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig, TrainConfig
 from reprlab.methods.otcclip.data.mosaic import make_mosaics
 from reprlab.methods.otcclip.data.pairs import CLEAN, PairSet, SignatureIndex
 from reprlab.methods.otcclip.data.poison import add_backdoor
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.training.trainer import Trainer
 

@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import REGISTRY, Defense
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.training.trainer import Trainer
 

@@ -18,8 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import ModelConfig
-from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.config import ModelConfig, OTConfig
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.training.trainer import Trainer

@@ -5,12 +5,12 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from reprlab.methods.otcclip import evaluate as ev
 from reprlab.methods.otcclip.data.mosaic import class_prompts
 from reprlab.methods.otcclip.data.pairs import LabeledSet
 from reprlab.methods.otcclip.data.poison import TargetSet
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.data.triggers import apply_trigger
+from reprlab.methods.otcclip.evaluation import metrics as ev
 from reprlab.methods.otcclip.models.embed import embed_images
 
 from .otcclip_oracle import CLASSES, OracleCLIP

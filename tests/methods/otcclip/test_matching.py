@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.config import OTConfig
 from reprlab.methods.otcclip.defenses.losses import ot_solve
 from reprlab.methods.otcclip.defenses.matching import CaptionBank, nn_rematch, otc_rematch
 

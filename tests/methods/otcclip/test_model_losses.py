@@ -5,8 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.config import ModelConfig
-from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.config import ModelConfig, OTConfig
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, unimodal_loss
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.config import OTConfig
 from reprlab.methods.otcclip.defenses.losses import ot_alignment, ot_alignments, ot_solve
 from reprlab.methods.otcclip.defenses.matching import PoolRows, otc_rematch
 

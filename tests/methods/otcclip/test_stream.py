@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from reprlab.methods.otcclip.config import StreamConfig, TrainConfig
+from reprlab.methods.otcclip.config import DEFAULT_DEFENSES, StreamConfig, TrainConfig
 from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.sources import ShardSource, open_source
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
@@ -321,7 +321,7 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "shards" / sh.MANIFEST).read_text())
     assert manifest["n_samples"] == 160 + 2 * 4 and len(manifest["shards"]) == 4
-    for d in R.DEFENSES:
+    for d in DEFAULT_DEFENSES:
         assert {
             f"{d}.{m}" for m in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
         } <= set(summary)

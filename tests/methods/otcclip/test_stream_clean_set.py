@@ -24,12 +24,12 @@ import pytest
 import torch
 
 from reprlab.errors import ConfigError, DataError, DataFileMissingError
-from reprlab.methods.otcclip.config import StreamConfig
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig, StreamConfig
 from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.sources import ShardSource
+from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.data.transforms import ImageTransform
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.training import stream as st
 from reprlab.methods.otcclip.training.slots import SlotStream
 
@@ -344,7 +344,7 @@ def test_shards_recipe_streams_cleanclip_fine_tuning_from_the_written_clean_set(
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "clean_shards" / sh.MANIFEST).read_text())
     assert (manifest["n_samples"], manifest["n_poisoned"], len(manifest["shards"])) == (40, 0, 2)
-    bed = R.build_testbed(cfg.data, cfg.seed)
+    bed = build_testbed(cfg.data, cfg.seed)
     got = {int(s["index"]): s for s in sh.ShardStream(run.dir / "clean_shards")}
     assert all(got[i]["caption"] == bed.clean.captions[i] for i in range(40))
     log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]

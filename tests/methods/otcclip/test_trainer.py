@@ -8,12 +8,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from reprlab.methods.otcclip.config import ModelConfig, TrainConfig
+from reprlab.methods.otcclip.config import DefenseConfig, ModelConfig, OTConfig, TrainConfig
 from reprlab.methods.otcclip.data.mosaic import make_mosaics
 from reprlab.methods.otcclip.data.pairs import SignatureIndex
 from reprlab.methods.otcclip.data.poison import add_backdoor
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.models.tiny import TinyCLIP
 from reprlab.methods.otcclip.training.augment import drop_words
 from reprlab.methods.otcclip.training.trainer import Trainer, lr_factor

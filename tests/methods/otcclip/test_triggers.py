@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip import evaluate as ev
 from reprlab.methods.otcclip.data.mosaic import class_prompts, make_mosaics
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, LabeledSet, SignatureIndex
 from reprlab.methods.otcclip.data.poison import add_backdoor
@@ -19,6 +18,7 @@ from reprlab.methods.otcclip.data.triggers import (
     trigger_pattern,
     wanet_field,
 )
+from reprlab.methods.otcclip.evaluation import metrics as ev
 from reprlab.methods.otcclip.models.features import ImageFeatures
 
 from .otcclip_oracle import CLASSES, OracleCLIP

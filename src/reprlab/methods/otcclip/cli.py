@@ -28,9 +28,9 @@ def audit(
     max_items: int = typer.Option(None, help="audit only the first N valid pairs"),
 ) -> None:
     """Rank image-caption pairs by how suspicious they are and suggest better captions."""
-    from reprlab.methods.otcclip.audit import main
+    from reprlab.methods.otcclip.pipeline.audit import audit_dataset
 
-    summary = main(
+    summary = audit_dataset(
         data,
         out,
         run_dir=run_dir,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-TRIGGERS = ("badnets", "badnets_random", "blended", "sig", "wanet")
+from reprlab.methods.otcclip.config import TRIGGERS
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 Every module of this package is imported here, so a new defense is a new file with a ``@register``-ed
 class; the trainer and the recipe look defenses up by name in :data:`REGISTRY`.
 
-* ``base``: the interface (``Defense``, ``Batch``, ``StepOutput``, ``Assignment``, ``TrainerView``), the registry.
-* ``config``: the defense knobs (``DefenseConfig``, ``OTConfig``), shared by every defense.
+* ``base``: the interface (``Defense``, ``Batch``, ``StepOutput``, ``Assignment``, ``TrainerView``), the registry;
+  the knobs every defense reads are ``DefenseConfig`` (:mod:`..config.defense`).
 * ``losses``: CLIP InfoNCE, in-modality InfoNCE, the OT alignment losses; ``matching``: the caption bank, OTCCLIP's
   OT re-matching and RoCLIP's nearest-neighbour matching.
 * ``none``, ``roclip``, ``safeclip``, ``cleanclip``, ``otcclip``: one defense each.
@@ -16,6 +16,7 @@ import importlib
 import pkgutil
 
 from reprlab.errors import ConfigError
+from reprlab.methods.otcclip.config import DEFAULT_DEFENSES, DefenseConfig
 from reprlab.methods.otcclip.defenses.base import (
     REGISTRY,
     Assignment,
@@ -26,7 +27,6 @@ from reprlab.methods.otcclip.defenses.base import (
     clip_step,
     register,
 )
-from reprlab.methods.otcclip.defenses.config import DEFAULT_DEFENSES, DefenseConfig
 
 # every module of the package (importing a shared part such as ``losses`` registers nothing)
 for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):

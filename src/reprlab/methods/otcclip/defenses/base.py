@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import nn
 
-from reprlab.methods.otcclip.defenses.config import DefenseConfig
+from reprlab.methods.otcclip.config import DefenseConfig
 from reprlab.methods.otcclip.defenses.losses import clip_loss
 from reprlab.methods.otcclip.defenses.matching import CaptionBank
 from reprlab.train.dist import all_gather_with_grad

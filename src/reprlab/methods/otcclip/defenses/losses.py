@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.defenses.config import OTConfig
+from reprlab.methods.otcclip.config import OTConfig
 from reprlab.ot import SinkhornResult, ot_distance
 from reprlab.ot.distance import grouped_cosine_ot, pad_groups
 

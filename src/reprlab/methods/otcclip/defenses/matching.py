@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.data.transforms import to_input
-from reprlab.methods.otcclip.defenses.config import DefenseConfig, OTConfig
 from reprlab.methods.otcclip.defenses.losses import ot_solve
 from reprlab.methods.otcclip.models.features import TextFeatures
 from reprlab.ot import SinkhornResult

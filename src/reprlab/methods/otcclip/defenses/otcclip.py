@@ -13,7 +13,7 @@ Options against the within-epoch feedback loop of re-matching [ours; docs/otccli
 ``own_negatives`` masks the own caption (or exact-duplicate captions) out of the negatives of its image,
 ``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and ``match_schedule='epoch_start'``
 fixes the assignment for a whole matching epoch from the epoch-start model (these three need the in-memory
-trainer: :func:`~.config.whole_set_options`).
+trainer: :func:`~..config.defense.whole_set_options`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import warnings
 import torch
 
 from reprlab.errors import ConfigError
+from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.config import whole_set_options
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,

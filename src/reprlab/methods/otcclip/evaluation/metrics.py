@@ -1,5 +1,6 @@
-"""Evaluation: zero-shot top-1, linear probe, attack success rates (brief §3), for any model exposing
-``encode_image(float (B, C, H, W)) -> ImageFeatures`` and ``encode_text(ids, mask) -> TextFeatures``.
+"""Evaluation metrics: zero-shot top-1, linear probe, attack success rates [the RoCLIP/SafeCLIP/CleanCLIP
+protocols], for any model exposing ``encode_image(float (B, C, H, W)) -> ImageFeatures`` and
+``encode_text(ids, mask) -> TextFeatures``.
 
 * Zero-shot [CLIP]: class embedding w_c = normalised mean of the normalised prompt-template embeddings;
   predict argmax_c cos(u(x), w_c).

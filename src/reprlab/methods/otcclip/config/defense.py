@@ -1,6 +1,6 @@
-"""The defense knobs (the recipe's ``defense:`` section): every defense reads its fields here, and nothing
-outside the defenses and the trainer that drives them does. Every OTCCLIP value is [unknown] in the paper (only
-its abstract is public); the defaults are ours, each marked in its help.
+"""``defense:``: the defense knobs, read by the defenses (:mod:`..defenses`) and the trainer that drives them.
+Every OTCCLIP value is [unknown] in the paper (only its abstract is public); the defaults are ours, each marked in
+its help.
 """
 
 from __future__ import annotations
