@@ -231,7 +231,7 @@ class OTCCLIP(Defense):
         ``own_txt``: the own captions' first-view features with gradient, when already computed (non-matching
         epochs: they are ``txt``); the intra text term then reuses its rows instead of encoding them again.
         ``views``: the intra term's ``(second image view, own captions, caption views)`` features of the
-        :meth:`~reprlab.methods.otcclip.trainer.Trainer.intra_rows`, when the step already encoded them.
+        :meth:`~.base.TrainerView.intra_rows`, when the step already encoded them.
         ``keep``: optional ``bool (local,)``; only these rows enter the CLIP and inter-OT terms
         (``matched_text='drop'``). The CLIP term then contrasts the kept rows of the whole global batch.
         ``negative_mask``: optional ``bool (global, global)`` logits left out of the CLIP term

@@ -69,7 +69,7 @@ def asr_backdoor(
 ) -> float:
     """Share of triggered test images of true class != target that are classified as the target.
 
-    ``trigger``, ``seed``, ``patch`` and ``params`` (:class:`~reprlab.methods.otcclip.poison.TriggerParams`
+    ``trigger``, ``seed``, ``patch`` and ``params`` (:class:`~..data.triggers.TriggerParams`
     fields) as in training, so the test trigger is the trained one.
     """
     keep = test.labels != target_class

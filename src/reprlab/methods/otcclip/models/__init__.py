@@ -5,6 +5,8 @@
 * ``hf``: a ``transformers`` ``CLIPModel`` and its tokenizer behind the interface.
 * ``openclip``: an open_clip model and its tokenizer behind the interface (+ the packaged ``reprlab-tiny-vit``).
 * ``build``: ``model.arch`` -> model and tokenizer (the only module that knows every architecture).
+* ``embed``: batched, eval-mode, gradient-free embeddings of images and captions.
+* ``run_model``: what a run saves of its tokenizer; the model, tokenizer and config rebuilt from a run folder.
 
 An export to open_clip or transformers formats belongs here, beside the adapter of that format.
 """

@@ -41,7 +41,7 @@ from reprlab.train.dist import all_gather_nograd
 # ---------------------------------------------------------------------- the window
 class Window:
     """One window of gathered samples, the ``data`` a streaming trainer trains on (the fields a defense
-    reads of a :class:`~.mosaic.PairSet`): ``images uint8 (n, C, S, S)``, ``sig``, ``kind`` ``(n,)``;
+    reads of a :class:`~..data.pairs.PairSet`): ``images uint8 (n, C, S, S)``, ``sig``, ``kind`` ``(n,)``;
     ``captions`` decoded from the token ids on demand (examples only)."""
 
     def __init__(self, images, ids, mask, sig, kind, index, tokenizer):
