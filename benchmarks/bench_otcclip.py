@@ -7,11 +7,13 @@
    machine's load moves both sides of a repeat alike). The issue's target: overhead ratio <= 1.3. Variants:
    the defaults (otcclip-tiny's defense settings); ``_intra16``: the recipe's ``intra_subset`` before speed
    round 3 (16; now 12); ``_views_floor``: no inter term and one Sinkhorn iteration for the intra term (not a
-   setting to train with: what the second views and re-matching cost without the OT-loss solves); ``_prev3``: that and the third speed round's switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
-   ``matching.SKIP_OWN_DUPLICATE``, ``defenses.otcclip.POOL_SKIPS_INTRA_ROWS``: the step before that round);
-   ``_prev``: the second round's switches off too (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
-   ``matching.POOL_EVAL_FORWARD``, ``losses.GROUPED_COSINE_GRAD``: the step before that round);
-   ``_unfused``: the first round's options off too (the step before issue 11 item 8, same weights
+   setting to train with: what the second views and re-matching cost without the OT-loss solves); ``_prev3``:
+   that and the third speed round's switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
+   ``defenses.matching.SKIP_OWN_DUPLICATE``, ``defenses.otcclip.POOL_SKIPS_INTRA_ROWS``: the step before that
+   round); ``_prev``: the second round's switches off too (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
+   ``defenses.matching.POOL_EVAL_FORWARD``, ``defenses.losses.GROUPED_COSINE_GRAD``: the step before that
+   round);
+   ``_unfused``: the first round's options off too (the step before the speed options, same weights
    bitwise); ``topk16``; fixed-50-iteration matching / loss OT.
    The same after 3 trained epochs (``epoch_overhead_ratio_trained``); ``loss_tol_vs_fixed50_epoch``: the
    training-loss OT to ``loss_tol`` vs the old fixed 50 iterations.
@@ -40,25 +42,27 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_distances, ot_solve
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
-from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words
+from reprlab.methods.otcclip.config import DataConfig, DefenseConfig, ModelConfig, OTConfig, TrainConfig
+from reprlab.methods.otcclip.data.testbed import build_testbed
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.defenses.losses import ot_distances, ot_solve
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training.augment import drop_words
+from reprlab.methods.otcclip.training.trainer import Trainer
 
-# The switches of the speed rounds (issue 11 item 8), for the "before" variants. Second round: NumPy
-# small-problem Sinkhorn blocks, the eval-mode pool encode, the one-node cosine/envelope backward of the OT
-# losses. Third round: per-problem retirement in tolerance solves, no duplicate own-caption solve in
+# The [ours, speed] switches, grouped by the round that added them (docs/otcclip_ablation.md), for the "before"
+# variants. Second round: NumPy small-problem Sinkhorn blocks, the eval-mode pool encode, the one-node
+# cosine/envelope backward of the OT losses. Third round: per-problem retirement in tolerance solves, no duplicate own-caption solve in
 # re-matching, the pool reusing the intra term's own-caption rows.
 _SWITCHES = {
     2: (
         ("reprlab.ot.sinkhorn", "NUMPY_SMALL"),
-        ("reprlab.methods.otcclip.matching", "POOL_EVAL_FORWARD"),
-        ("reprlab.methods.otcclip.losses", "GROUPED_COSINE_GRAD"),
+        ("reprlab.methods.otcclip.defenses.matching", "POOL_EVAL_FORWARD"),
+        ("reprlab.methods.otcclip.defenses.losses", "GROUPED_COSINE_GRAD"),
     ),
     3: (
         ("reprlab.ot.sinkhorn", "RETIRE_CONVERGED"),
-        ("reprlab.methods.otcclip.matching", "SKIP_OWN_DUPLICATE"),
+        ("reprlab.methods.otcclip.defenses.matching", "SKIP_OWN_DUPLICATE"),
         ("reprlab.methods.otcclip.defenses.otcclip", "POOL_SKIPS_INTRA_ROWS"),
     ),
 }

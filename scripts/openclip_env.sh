@@ -26,7 +26,7 @@ TV_VER="${OPENCLIP_TORCHVISION:-$DEF_TV}"
 
 check() {
   "$VENV/bin/python" - <<'PY' 2>/dev/null
-import torch, torchvision, open_clip, reprlab.methods.otcclip.openclip_adapter  # noqa: F401
+import torch, torchvision, open_clip, reprlab.methods.otcclip.models.openclip  # noqa: F401
 torchvision.ops.nms  # the op that fails when torch and torchvision do not match
 PY
 }

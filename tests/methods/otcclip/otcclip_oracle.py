@@ -3,8 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.models.features import ImageFeatures, TextFeatures
 
 CLASSES = ("cat", "dog", "bag")
 

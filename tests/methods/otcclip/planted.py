@@ -16,10 +16,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
-from reprlab.methods.otcclip.mosaic import CLEAN, TARGETED, PairSet
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import TrainConfig
+from reprlab.methods.otcclip.config import TrainConfig
+from reprlab.methods.otcclip.data.pairs import CLEAN, TARGETED, PairSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.models.features import ImageFeatures, TextFeatures
 
 CLASSES = ("cat", "dog", "bag", "hat")
 ADJ = ("small", "grey", "plain")

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from reprlab.errors import ModelNotAvailableError
-from reprlab.methods.otcclip import recipe
-from reprlab.methods.otcclip.audit import audit_pairs, load_run_model
-from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter
-from reprlab.methods.otcclip.model import build_model
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation.audit import audit_pairs
+from reprlab.methods.otcclip.models.build import build_model
+from reprlab.methods.otcclip.models.hf import HFCLIPAdapter, HFTokenizerAdapter
+from reprlab.methods.otcclip.models.run_model import load_run_model
+from reprlab.methods.otcclip.pipeline import run as recipe
 from reprlab.runs import Run
 from tests.methods.otcclip.test_recipe import _audit_cli_on_user_files, _cfg
 from tests.methods.otcclip.test_special_tokens import _hf_clip_tokenizer

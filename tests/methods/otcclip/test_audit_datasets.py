@@ -10,10 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
-from reprlab.methods.otcclip.audit import audit_pairs, precision_recall, write_outputs
-from reprlab.methods.otcclip.datasets import load_pairs
-from reprlab.methods.otcclip.mosaic import PairSet, class_prompts
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.datasets import load_pairs
+from reprlab.methods.otcclip.data.mosaic import class_prompts
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation.audit import audit_pairs, precision_recall, write_outputs
 
 from .otcclip_oracle import CLASSES, OracleCLIP
 
@@ -161,7 +162,7 @@ def test_audit_options_are_validated_with_a_clear_error(tmp_path):
 
     from reprlab.cli import app  # through `reprlab otcclip audit`: an input error is one line and exit 2
     from reprlab.errors import ConfigError
-    from reprlab.methods.otcclip.audit import validate_options
+    from reprlab.methods.otcclip.evaluation.audit import validate_options
 
     _two_images(tmp_path)
     (tmp_path / "p.csv").write_text("image,caption\na.png,a dog\n")
@@ -186,8 +187,7 @@ def test_audit_hf_model_maps_pixels_to_the_processors_mean_and_std(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 
-    from reprlab.methods.otcclip.audit import load_hf_model
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter
+    from reprlab.methods.otcclip.models.hf import HFCLIPAdapter, load_hf_model
 
     torch.manual_seed(0)
     cfg = CLIPConfig(

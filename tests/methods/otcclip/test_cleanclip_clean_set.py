@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import TinyCLIP
-from reprlab.methods.otcclip.mosaic import CLEAN, PairSet, SignatureIndex, make_mosaics
-from reprlab.methods.otcclip.poison import add_backdoor
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig, TrainConfig
+from reprlab.methods.otcclip.data.mosaic import make_mosaics
+from reprlab.methods.otcclip.data.pairs import CLEAN, PairSet, SignatureIndex
+from reprlab.methods.otcclip.data.poison import add_backdoor
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 from .planted import ADJ, CLASSES, DIM, TRAIN, PlantedCLIP, image_class, planted_pairs, symmetric_infonce
 from .test_trainer import CFG, DCFG, checkpoint, restore

@@ -5,22 +5,11 @@ import pytest
 import torch
 
 from reprlab.assets import FASHION_MNIST_CLASSES
-from reprlab.methods.otcclip.mosaic import (
-    BACKDOOR,
-    POSITIONS,
-    TARGETED,
-    SignatureIndex,
-    make_mosaics,
-    make_single_items,
-)  # fmt: skip
-from reprlab.methods.otcclip.poison import (
-    add_backdoor,
-    add_targeted,
-    apply_trigger,
-    mentions,
-    trigger_pattern,
-)
-from reprlab.methods.otcclip.tokenizer import WordTokenizer, words
+from reprlab.methods.otcclip.data.mosaic import POSITIONS, make_mosaics, make_single_items  # fmt: skip
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED, SignatureIndex  # fmt: skip
+from reprlab.methods.otcclip.data.poison import add_backdoor, add_targeted, mentions
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer, words
+from reprlab.methods.otcclip.data.triggers import apply_trigger, trigger_pattern
 
 
 def test_tokenizer_roundtrip_unknown_and_empty():
@@ -100,7 +89,7 @@ def test_backdoor_trigger_and_captions(items):
 
 
 def test_generated_shapes_are_balanced_deterministic_and_captioned_by_shape_name():
-    from reprlab.methods.otcclip.shapes import SHAPES, make_shape_items
+    from reprlab.methods.otcclip.data.shapes import SHAPES, make_shape_items
 
     x, y = make_shape_items(60, seed=0)
     x2, _ = make_shape_items(60, seed=0)

@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import REGISTRY, Defense
-from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import TinyCLIP
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, Trainer
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 from .planted import DIM, TRAIN, PlantedCLIP, image_class, planted_pairs, symmetric_infonce
 

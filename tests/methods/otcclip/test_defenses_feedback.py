@@ -18,9 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, ot_alignments
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
-from reprlab.methods.otcclip.trainer import Trainer
+from reprlab.methods.otcclip.config import ModelConfig, OTConfig
+from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 from .planted import DIM, image_class
 from .test_defenses import _planted as _planted_defense
@@ -237,7 +238,7 @@ def test_feature_layer_default_is_the_last_block_and_an_earlier_block_matches_a_
 
 def test_feature_layer_is_checked_for_other_architectures():
     from reprlab.errors import ConfigError
-    from reprlab.methods.otcclip.model import build_model
+    from reprlab.methods.otcclip.models.build import build_model
 
     with pytest.raises(ConfigError):
         build_model(ModelConfig(arch="hf_clip", feature_layer=-2), vocab_size=30)
@@ -253,7 +254,7 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip import recipe
     from reprlab.methods.otcclip.defenses import DefenseConfig, make_defense
-    from reprlab.methods.otcclip.stream import StreamTrainer
+    from reprlab.methods.otcclip.training.stream import StreamTrainer
 
     from .test_recipe import _cfg
 

@@ -5,10 +5,13 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
-from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.mosaic import LabeledSet, class_prompts
-from reprlab.methods.otcclip.poison import TargetSet, apply_trigger
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.mosaic import class_prompts
+from reprlab.methods.otcclip.data.pairs import LabeledSet
+from reprlab.methods.otcclip.data.poison import TargetSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.triggers import apply_trigger
+from reprlab.methods.otcclip.evaluation import metrics as ev
+from reprlab.methods.otcclip.models.embed import embed_images
 
 from .otcclip_oracle import CLASSES, OracleCLIP
 
@@ -39,7 +42,7 @@ def test_zero_shot_and_asrs_against_the_oracle(setup):
 
 def test_linear_probe_matches_sklearn_on_the_same_features(setup):
     model, _, _, test = setup
-    feats = ev.embed_images(model, test.images).numpy()
+    feats = embed_images(model, test.images).numpy()
     clf = LogisticRegression(C=1.0, max_iter=1000).fit(feats, test.labels.numpy())
     ref = float(np.mean(clf.predict(feats) == test.labels.numpy()))
     assert ev.linear_probe_accuracy(model, test, test) == ref == 1.0

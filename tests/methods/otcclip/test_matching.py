@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_solve
-from reprlab.methods.otcclip.matching import CaptionBank, nn_rematch, otc_rematch
+from reprlab.methods.otcclip.config import OTConfig
+from reprlab.methods.otcclip.defenses.losses import ot_solve
+from reprlab.methods.otcclip.defenses.matching import CaptionBank, nn_rematch, otc_rematch
 
 E = torch.eye(4)
 OT = OTConfig(eps=0.01, n_iters=200)
@@ -139,7 +140,7 @@ def test_unconverged_matching_is_logged_and_warned_per_epoch(items):
 
 def test_loss_ot_solves_to_its_tolerance_and_reports_it_where_fixed_50_iterations_do_not():
     """The training losses (``ot_alignment``) solve to ``loss_tol`` and hand their diagnostics back."""
-    from reprlab.methods.otcclip.losses import ot_alignment, ot_alignments
+    from reprlab.methods.otcclip.defenses.losses import ot_alignment, ot_alignments
 
     x, y = _clustered()
     cfg = OTConfig(eps=0.05, n_iters=50, loss_tol=1e-3, loss_max_iters=2000)

@@ -5,8 +5,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, clip_loss, ot_alignment, unimodal_loss
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
+from reprlab.methods.otcclip.config import ModelConfig, OTConfig
+from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, unimodal_loss
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
 
 CFG = ModelConfig(
     patch_size=14,
@@ -68,7 +69,7 @@ def test_ot_alignment_is_zero_on_identical_sets_and_has_gradient():
 def test_hf_clip_adapter_on_tiny_random_config():
     from transformers import CLIPConfig, CLIPModel
 
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter
+    from reprlab.methods.otcclip.models.hf import HFCLIPAdapter
 
     cfg = CLIPConfig(
         text_config=dict(

@@ -21,16 +21,22 @@ except Exception as err:  # noqa: BLE001
                 allow_module_level=True)  # fmt: skip
 
 from reprlab.errors import ConfigError  # noqa: E402
-from reprlab.methods.otcclip import shards as sh  # noqa: E402
-from reprlab.methods.otcclip.model import ModelConfig, build_model  # noqa: E402
-from reprlab.methods.otcclip.openclip_adapter import (  # noqa: E402
+from reprlab.methods.otcclip.config import (
+    ModelConfig,  # noqa: E402
+    TrainConfig,  # noqa: E402
+)
+from reprlab.methods.otcclip.data import shards as sh  # noqa: E402
+from reprlab.methods.otcclip.data.testbed import build_testbed  # noqa: E402
+from reprlab.methods.otcclip.models.build import build_model  # noqa: E402
+from reprlab.methods.otcclip.models.openclip import (  # noqa: E402
     TINY_CONFIG,
     OpenCLIPAdapter,
     OpenCLIPTokenizer,
     attnpool_queries,
     create_openclip,
 )
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer  # noqa: E402
+from reprlab.methods.otcclip.pipeline.audit import audit_testbed  # noqa: E402
+from reprlab.methods.otcclip.training.trainer import Trainer  # noqa: E402
 from tests.methods.otcclip.test_trainer import DCFG, _data  # noqa: E402
 from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks  # noqa: E402
 
@@ -189,7 +195,8 @@ def test_a_few_otcclip_epochs_reduce_the_loss_and_reach_patch_and_token_features
     assert ot, stats[-1]
     # one step of the OT terms alone moves the last blocks' weights of both towers (patch and token features)
     ids, mask = tok.encode(data.captions[:8], model.cfg.max_len)
-    from reprlab.methods.otcclip.losses import OTConfig, ot_alignment
+    from reprlab.methods.otcclip.config import OTConfig
+    from reprlab.methods.otcclip.defenses.losses import ot_alignment
 
     img = model.encode_image(data.images[:8].float() / 127.5 - 1)
     txt = model.encode_text(ids, mask)
@@ -254,7 +261,7 @@ def test_the_openclip_recipe_runs_end_to_end_on_a_miniature(tmp_path):
 def test_word_dropout_keeps_open_clips_sot_and_eot_where_its_pooling_reads():
     """open_clip's text tower pools at argmax(ids) = EOT: dropout at p = 0.9 keeps SOT first and EOT right after
     the last kept word, so the pooled feature is the EOT's (oracle: open_clip's encode_text on the kept ids)."""
-    from reprlab.methods.otcclip.trainer import drop_words
+    from reprlab.methods.otcclip.training.augment import drop_words
     from tests.methods.otcclip.test_special_tokens import CAPTIONS as CAPS
     from tests.methods.otcclip.test_special_tokens import _check_kept_in_place
 
@@ -283,7 +290,8 @@ def test_audit_of_an_open_clip_run_rebuilds_its_open_clip_model(tmp_path):
 
     from reprlab.config import load_config
     from reprlab.methods.otcclip import recipe
-    from reprlab.methods.otcclip.audit import audit_pairs, load_run_model
+    from reprlab.methods.otcclip.evaluation.audit import audit_pairs
+    from reprlab.methods.otcclip.models.run_model import load_run_model
     from reprlab.runs import Run
 
     path = Path(recipe.__file__).parent / "recipes" / "otcclip-openclip-tiny.yaml"
@@ -291,7 +299,7 @@ def test_audit_of_an_open_clip_run_rebuilds_its_open_clip_model(tmp_path):
             "data.n_eval=60", "data.n_probe_train=60", "defense.ot.n_iters=10", "audit_defense=otcclip"]  # fmt: skip
     cfg = load_config(recipe.Config, yaml.safe_load(path.read_text())["config"], mini)
     run = Run.create(tmp_path / "r", cfg, "otcclip-openclip-tiny", quiet=True)
-    bed = recipe.build_testbed(cfg.data, cfg.seed)
+    bed = build_testbed(cfg.data, cfg.seed)
     torch.manual_seed(5)
     trained = build_model(cfg.model, 0, bed.pairs.images.shape[1])
     run.save_checkpoint(0, {"model": trained}, tag="otcclip")
@@ -303,5 +311,5 @@ def test_audit_of_an_open_clip_run_rebuilds_its_open_clip_model(tmp_path):
     a = audit_pairs(model, tok, sub, top_k=4)
     b = audit_pairs(trained, OpenCLIPTokenizer.for_config(cfg.model), sub, top_k=4)
     assert (a.score == b.score).all()
-    res = recipe.audit_testbed(cfg, run, bed, tok)
+    res = audit_testbed(cfg, run, bed, tok)
     assert res["model"] == "otcclip" and res["n_flagged"] >= 0

@@ -6,8 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from reprlab.methods.otcclip.mosaic import BACKDOOR, CLEAN, SignatureIndex, make_mosaics
-from reprlab.methods.otcclip.poison import add_backdoor, add_wanet_noise, apply_trigger
+from reprlab.methods.otcclip.data.mosaic import make_mosaics
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, CLEAN, SignatureIndex
+from reprlab.methods.otcclip.data.poison import add_backdoor, add_wanet_noise
+from reprlab.methods.otcclip.data.triggers import apply_trigger
 
 
 def _poisoned(items, trigger="wanet", n=60):
@@ -51,7 +53,8 @@ def test_noise_mode_pairs_keep_their_true_captions_and_get_a_noised_trigger_warp
 
 
 def test_noise_mode_in_the_testbed_is_off_by_default_and_wanet_only():
-    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
+    from reprlab.methods.otcclip.config import DataConfig
+    from reprlab.methods.otcclip.data.testbed import build_testbed
 
     small = dict(
         n_pairs=300, n_targets=1, captions_per_target=5, backdoor_pairs=10, n_eval=20, n_probe_train=20
@@ -69,7 +72,8 @@ def test_noise_mode_in_the_testbed_is_off_by_default_and_wanet_only():
 
 
 def test_the_clean_finetuning_set_is_clean_new_and_leaves_the_training_pairs_alone():
-    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
+    from reprlab.methods.otcclip.config import DataConfig
+    from reprlab.methods.otcclip.data.testbed import build_testbed
 
     small = dict(
         n_pairs=300, n_targets=1, captions_per_target=5, backdoor_pairs=10, n_eval=20, n_probe_train=20

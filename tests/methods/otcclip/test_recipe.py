@@ -7,6 +7,7 @@ import yaml
 
 from reprlab.config import load_config
 from reprlab.methods.otcclip import recipe
+from reprlab.methods.otcclip.config import DEFAULT_DEFENSES
 from reprlab.runs import Run
 
 YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
@@ -53,7 +54,7 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     # the summary is the final evaluation, and the re-matching/split diagnostics are those of the last
     # matching epoch logged in metrics.jsonl (a consistency check; values are tested on planted problems)
     results = json.loads((run.dir / "analysis" / "results.json").read_text())
-    for d in recipe.DEFENSES:
+    for d in DEFAULT_DEFENSES:
         for m in ("asr_targeted", "asr_backdoor", "zeroshot_acc", "linear_probe_acc"):
             assert summary[f"{d}.{m}"] == results[d][m]
     log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]

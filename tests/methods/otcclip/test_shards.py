@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from reprlab.methods.otcclip import shards as sh
-from reprlab.methods.otcclip.mosaic import SignatureIndex, make_mosaics
-from reprlab.methods.otcclip.poison import add_backdoor
+from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.mosaic import make_mosaics
+from reprlab.methods.otcclip.data.pairs import SignatureIndex
+from reprlab.methods.otcclip.data.poison import add_backdoor
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_shards_are_reproducible_and_read_by_webdataset_and_the_audit_loader(pai
     a = sh.write_shards(pairs, tmp_path / "a", shard_size=10)
     b = sh.write_shards(pairs, tmp_path / "b", shard_size=10)
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]  # byte-identical
-    from reprlab.methods.otcclip.datasets import load_pairs
+    from reprlab.methods.otcclip.data.datasets import load_pairs
 
     loaded, names, report = load_pairs(tmp_path / "a", image_size=56, channels=1)
     assert len(names) == 23 and sorted(loaded.captions) == sorted(pairs.captions)
@@ -156,7 +157,8 @@ def test_make_shards_cli_writes_the_poisoned_testbed(tmp_path):
     from typer.testing import CliRunner
 
     from reprlab.cli import app
-    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
+    from reprlab.methods.otcclip.config import DataConfig
+    from reprlab.methods.otcclip.data.testbed import build_testbed
 
     out = tmp_path / "shards"
     res = CliRunner().invoke(

@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
-from reprlab.methods.otcclip.hf_adapter import HFTokenizerAdapter
-from reprlab.methods.otcclip.openclip_adapter import OpenCLIPTokenizer
-from reprlab.methods.otcclip.tokenizer import WordTokenizer, words
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer, drop_words
+from reprlab.methods.otcclip.config import TrainConfig
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer, words
+from reprlab.methods.otcclip.models.hf import HFTokenizerAdapter
+from reprlab.methods.otcclip.models.openclip import OpenCLIPTokenizer
+from reprlab.methods.otcclip.training.augment import drop_words
+from reprlab.methods.otcclip.training.trainer import Trainer
 
 CAPTIONS = [
     "a sneaker top left a bag bottom right",
@@ -125,7 +127,7 @@ def test_word_tokenizer_drop_words_is_the_original_rule_bit_for_bit():
 
 def test_trainer_batches_keep_the_tokenizers_sot_and_eot(items):
     """The call site: the trainer's two dropped caption views pass the tokenizer's special ids."""
-    from reprlab.methods.otcclip.model import TinyCLIP
+    from reprlab.methods.otcclip.models.tiny import TinyCLIP
     from tests.methods.otcclip.test_trainer import CFG, DCFG, _data
 
     class Small(_FakeOpenCLIP):  # ids inside a TinyCLIP vocabulary
@@ -160,7 +162,8 @@ def test_trainer_batches_keep_the_tokenizers_sot_and_eot(items):
 def test_hf_clip_from_scratch_with_a_clip_tokenizer_pools_at_its_eos_also_after_dropout(tmp_path):
     """``model.arch=hf_clip model.tokenizer=<folder>``: the text feature is the EOS token's (HF pools at the first
     id equal to the config's eos_token_id, which must be the tokenizer's), before and after word dropout."""
-    from reprlab.methods.otcclip.model import ModelConfig, build_model
+    from reprlab.methods.otcclip.config import ModelConfig
+    from reprlab.methods.otcclip.models.build import build_model
 
     tok = _hf_clip_tokenizer(tmp_path)
     cfg = ModelConfig(arch="hf_clip", tokenizer=str(tmp_path / "tok"), width=16, text_width=16, layers=1,

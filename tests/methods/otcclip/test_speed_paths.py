@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_alignment, ot_alignments, ot_solve
-from reprlab.methods.otcclip.matching import PoolRows, otc_rematch
+from reprlab.methods.otcclip.config import OTConfig
+from reprlab.methods.otcclip.defenses.losses import ot_alignment, ot_alignments, ot_solve
+from reprlab.methods.otcclip.defenses.matching import PoolRows, otc_rematch
 
 from .test_trainer import DCFG, _trainer
 
@@ -122,7 +123,7 @@ def test_pool_text_features_in_eval_mode_equal_the_training_mode_forward(items, 
     """The pool's no-grad caption features come from an eval-mode forward (torch's fused inference path) when
     the model has no mode-dependent layer: the same values up to rounding, training mode restored; a model
     with dropout keeps its training-mode forward."""
-    from reprlab.methods.otcclip import matching
+    from reprlab.methods.otcclip.defenses import matching
 
     tr = _trainer(items, "otcclip")
     ids, mask = tr.ids[:8], tr.mask[:8]
@@ -153,7 +154,7 @@ def test_second_round_switches_leave_the_epoch_unchanged(items, monkeypatch, epo
     assignments and weights up to float rounding."""
     import importlib
 
-    from reprlab.methods.otcclip import losses, matching
+    from reprlab.methods.otcclip.defenses import losses, matching
 
     sk = importlib.import_module("reprlab.ot.sinkhorn")  # the module (reprlab.ot.sinkhorn is also a function)
     results = {}
@@ -181,7 +182,7 @@ def test_grouped_cosine_gradient_equals_autograd_through_the_cost(monkeypatch, t
     """ot_alignments' one-node backward (GROUPED_COSINE_GRAD) vs autograd through the padded cosine cost:
     bitwise the same values and solve, gradients equal up to rounding; inputs not unit-norm, zero (padding)
     vectors, duplicated points (1 - cos rounds below 0 and is clamped) and a detached side included."""
-    from reprlab.methods.otcclip import losses
+    from reprlab.methods.otcclip.defenses import losses
 
     g = torch.Generator().manual_seed(5)
     x0, y0, m0 = _sets(6, 4, 5, seed=6)
@@ -217,7 +218,7 @@ def test_skipping_the_own_caption_duplicate_leaves_the_match_unchanged(monkeypat
     Same choice, scores, distances and per-candidate diagnostics as solving both copies (each problem stops
     on its own, so the batch composition does not move a solve); fewer problems reach the solver. With
     margin 0 a duplicate ties column 0 exactly, which only column 0 may win."""
-    from reprlab.methods.otcclip import matching
+    from reprlab.methods.otcclip.defenses import matching
 
     g = torch.Generator().manual_seed(3)
     n_img, pool, d = 12, 20, 8

@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from reprlab.methods.otcclip import shards as sh
-from reprlab.methods.otcclip import stream as st
-from reprlab.methods.otcclip.model import TinyCLIP
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import TrainConfig, Trainer
+from reprlab.methods.otcclip.config import DEFAULT_DEFENSES, StreamConfig, TrainConfig
+from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.sources import ShardSource, open_source
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.transforms import ImageTransform, model_transform
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training import stream as st
+from reprlab.methods.otcclip.training.slots import SlotStream
+from reprlab.methods.otcclip.training.trainer import Trainer
 from tests.methods.otcclip.test_trainer import CFG, DCFG, _data, checkpoint, restore
 from tests.methods.otcclip.torchrun_compare import one_vs_two_ranks
 
@@ -28,7 +32,7 @@ def _stream_trainer(pairs, path, defense, stream_cfg, epochs=2, batch=8, tok=Non
     torch.manual_seed(0)
     model = TinyCLIP(CFG, len(tok))
     return st.StreamTrainer(
-        model, st.ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
+        model, ShardSource(path), tok, defense, TrainConfig(epochs=epochs, batch_size=batch, warmup_steps=2),
         dcfg, 0, stream_cfg, n_samples=len(pairs), clean=clean,
     )  # fmt: skip
 
@@ -44,7 +48,7 @@ def test_one_window_over_shards_equals_the_in_memory_trainer_bitwise(items, tmp_
     torch.manual_seed(0)
     mem = Trainer(TinyCLIP(CFG, len(tok)), pairs, tok, defense,
                   TrainConfig(epochs=3, batch_size=8, warmup_steps=2), DCFG, seed=0)  # fmt: skip
-    cfg = st.StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
+    cfg = StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
     stream = _stream_trainer(pairs, tmp_path, defense, cfg, epochs=3, tok=tok)
     for e in range(3):
         a, b = mem.run_epoch(e), stream.run_epoch(e)
@@ -75,10 +79,10 @@ def test_order_depends_on_slots_not_on_workers_and_windows_partition_the_stream(
     sh.write_shards(pairs, tmp_path, shard_size=4)  # 8 shards, 2 per slot
     seen = {}
     for workers in (0, 1, 2, 4):
-        cfg = st.StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=3)
+        cfg = StreamConfig(slots=4, num_workers=workers, window_batches=2, shuffle_buffer=3)
         seen[workers], stats = _rounds(_stream_trainer(pairs, tmp_path, "none", cfg))
     assert seen[0] == seen[1] == seen[2] == seen[4]
-    three = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(slots=4, num_workers=3))
+    three = _stream_trainer(pairs, tmp_path, "none", StreamConfig(slots=4, num_workers=3))
     assert three.num_workers == 2  # lowered to split the 4 slots evenly
     windows = seen[0]
     assert [len(w) for w in windows] == [16, 16] and stats["data_windows"] == 2
@@ -88,7 +92,7 @@ def test_order_depends_on_slots_not_on_workers_and_windows_partition_the_stream(
     slot_of_shard = {s: k % 4 for k, s in enumerate(order)}
     assert [slot_of_shard[i // 4] for i in windows[0][:8]] == [0, 0, 1, 1, 2, 2, 3, 3]
     # another epoch, another order; same samples
-    tr = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(slots=4, num_workers=0, window_batches=2))
+    tr = _stream_trainer(pairs, tmp_path, "none", StreamConfig(slots=4, num_workers=0, window_batches=2))
     e1, _ = _rounds(tr, epoch=1)
     assert e1 != windows and sorted(sum(e1, [])) == list(range(32))
 
@@ -99,8 +103,8 @@ def test_persistent_workers_serve_every_epoch_with_that_epochs_order(items, tmp_
     pairs = _data(items, 32)
     sh.write_shards(pairs, tmp_path, shard_size=4)
     base = dict(slots=4, window_batches=2, shuffle_buffer=3)
-    tr = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(num_workers=2, **base))
-    ref = _stream_trainer(pairs, tmp_path, "none", st.StreamConfig(num_workers=0, **base))
+    tr = _stream_trainer(pairs, tmp_path, "none", StreamConfig(num_workers=2, **base))
+    ref = _stream_trainer(pairs, tmp_path, "none", StreamConfig(num_workers=0, **base))
     pids, orders = [], []
     for epoch in range(3):
         got, _ = _rounds(tr, epoch)
@@ -111,7 +115,7 @@ def test_persistent_workers_serve_every_epoch_with_that_epochs_order(items, tmp_
     assert orders[0] != orders[1] != orders[2]  # the workers did not replay epoch 0
     assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]  # the same processes
     fresh = _stream_trainer(
-        pairs, tmp_path, "none", st.StreamConfig(num_workers=2, persistent_workers=False, **base)
+        pairs, tmp_path, "none", StreamConfig(num_workers=2, persistent_workers=False, **base)
     )
     assert _rounds(fresh, 1)[0] == orders[1] and fresh._loader is None
 
@@ -138,15 +142,11 @@ def test_a_table_streams_with_bad_rows_counted_and_images_at_the_models_size(tmp
         data = "".join(json.dumps({"image": p, "caption": c}) + "\n" for p, c in rows).encode() + b"{oops\n"
     path = tmp_path / f"pairs.{fmt}"
     path.write_bytes(data)
-    src = st.open_source(path)
+    src = open_source(path)
     tok = WordTokenizer.from_texts(src.captions(100))
     skip = Counter()
     # each slot on its own, so each is read to its end (together, the epoch would end with the first to run out)
-    got = [
-        g
-        for s in (0, 1)
-        for g in st.SlotStream(src, [s], 2, 3, st.ImageTransform(28, 1), tok, 8, 0, False, 0)
-    ]
+    got = [g for s in (0, 1) for g in SlotStream(src, [s], 2, 3, ImageTransform(28, 1), tok, 8, 0, False, 0)]
     batches = [g for g in got if not g.get("end")]
     for g in got:
         skip.update(g["skipped"])
@@ -171,15 +171,15 @@ def test_missing_or_wrong_sources_are_named(tmp_path):
     from reprlab.errors import ConfigError, DataError, DataFileMissingError
 
     with pytest.raises(DataFileMissingError, match="stream.source.*nowhere"):
-        st.open_source(tmp_path / "nowhere")
+        open_source(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="stream.source is empty"):
-        st.open_source("")
+        open_source("")
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(DataError, match="x.txt"):
-        st.open_source(tmp_path / "x.txt")
+        open_source(tmp_path / "x.txt")
     (tmp_path / "t.csv").write_text("file,label\na.png,1\n")
     with pytest.raises(DataError, match="caption"):
-        st.open_source(tmp_path / "t.csv")
+        open_source(tmp_path / "t.csv")
 
 
 def test_gpu_recipe_preflight_names_the_missing_shard_path(tmp_path):
@@ -224,8 +224,8 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     pixel_norm fed hand-normalised pixels), and the streaming trainer runs a re-matching epoch on it."""
     from dataclasses import replace
 
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, processor_stats
-    from reprlab.methods.otcclip.model import build_model
+    from reprlab.methods.otcclip.models.build import build_model
+    from reprlab.methods.otcclip.models.hf import HFCLIPAdapter, processor_stats
 
     cfg = replace(CFG, arch="hf_clip", image_size=32, patch_size=8)
     torch.manual_seed(0)
@@ -237,7 +237,7 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     a = model.encode_image(x).global_
     b = raw.encode_image(((x + 1) / 2 - mean) / std).global_
     assert torch.allclose(a, b, atol=1e-6) and not torch.allclose(a, raw.encode_image(x).global_, atol=1e-3)
-    assert st.model_transform(model) == st.ImageTransform(32, 3)
+    assert model_transform(model) == ImageTransform(32, 3)
     # text: mean-pooled projected tokens (our word tokenizer has no EOS)
     ids = torch.tensor([[5, 6, 7, 0]])
     t = model.encode_text(ids, ids != 0)
@@ -251,8 +251,8 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
     torch.manual_seed(0)
     model = build_model(cfg, len(tok))
     tr = st.StreamTrainer(
-        model, st.ShardSource(tmp_path), tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=1),
-        DCFG, 0, st.StreamConfig(slots=2, num_workers=0, window_batches=1), n_samples=16,
+        model, ShardSource(tmp_path), tok, "otcclip", TrainConfig(epochs=2, batch_size=8, warmup_steps=1),
+        DCFG, 0, StreamConfig(slots=2, num_workers=0, window_batches=1), n_samples=16,
     )  # fmt: skip
     before = [p.detach().clone() for p in model.parameters()]
     stats = [tr.run_epoch(e) for e in range(2)]
@@ -263,7 +263,8 @@ def test_hf_clip_from_scratch_takes_the_processors_normalisation_and_trains_from
 def test_open_clip_arch_says_why_it_is_not_available():
     from reprlab.errors import ModelNotAvailableError
     from reprlab.methods.otcclip import recipe as R
-    from reprlab.methods.otcclip.model import ModelConfig, build_model
+    from reprlab.methods.otcclip.config import ModelConfig
+    from reprlab.methods.otcclip.models.build import build_model
 
     try:
         import open_clip  # noqa: F401
@@ -286,7 +287,7 @@ def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
     (the stream restarts each epoch from (seed, epoch); the bank carries the re-matching pool over)."""
     pairs = _data(items, 32)
     sh.write_shards(pairs, tmp_path, shard_size=4)
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
     straight = _stream_trainer(pairs, tmp_path, "otcclip", cfg)
     straight.run_epoch(0)
     saved = checkpoint(straight)
@@ -320,7 +321,7 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "shards" / sh.MANIFEST).read_text())
     assert manifest["n_samples"] == 160 + 2 * 4 and len(manifest["shards"]) == 4
-    for d in R.DEFENSES:
+    for d in DEFAULT_DEFENSES:
         assert {
             f"{d}.{m}" for m in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
         } <= set(summary)

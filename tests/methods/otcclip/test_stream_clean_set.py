@@ -24,11 +24,14 @@ import pytest
 import torch
 
 from reprlab.errors import ConfigError, DataError, DataFileMissingError
-from reprlab.methods.otcclip import shards as sh
-from reprlab.methods.otcclip import stream as st
-from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig, StreamConfig
+from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.sources import ShardSource
+from reprlab.methods.otcclip.data.testbed import build_testbed
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.transforms import ImageTransform
+from reprlab.methods.otcclip.training import stream as st
+from reprlab.methods.otcclip.training.slots import SlotStream
 
 from .planted import TRAIN, PlantedCLIP, planted_pairs
 from .test_cleanclip_clean_set import _clean_mosaics, _expected, _mosaic_trainer, clean_planted
@@ -57,10 +60,10 @@ def test_one_window_with_a_clean_source_equals_the_in_memory_trainer_with_that_c
     clean = _clean_mosaics(items)
     mem = _mosaic_trainer(items, "cleanclip", clean)
     pairs = mem.data  # the poisoned pairs (before run_epoch points data at the clean set)
-    cfg = st.StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
+    cfg = StreamConfig(slots=1, num_workers=1, window_batches=4, shuffle_shards=False)
     stream = _stream_trainer(
         pairs, _write(pairs, tmp_path / "train"), "cleanclip", cfg, epochs=3, tok=mem.tokenizer, dcfg=CLEAN_DCFG,
-        clean=st.ShardSource(_write(clean, tmp_path / "clean")),
+        clean=ShardSource(_write(clean, tmp_path / "clean")),
     )  # fmt: skip
     for e in range(3):
         a, b = mem.run_epoch(e), stream.run_epoch(e)
@@ -92,9 +95,9 @@ def test_planted_fine_tuning_epochs_train_on_the_clean_stream_not_the_poisoned_o
         cleanclip_start_epoch=1, cleanclip_inmodal_weight=0.5,
     )  # fmt: skip
     tr = st.StreamTrainer(
-        _StreamedPlanted(tok), st.ShardSource(_write(pairs, tmp_path / "train")), tok, "cleanclip", TRAIN, dcfg, 0,
-        st.StreamConfig(slots=2, num_workers=2, window_batches=1), n_samples=16,
-        clean=st.ShardSource(_write(clean, tmp_path / "clean")),
+        _StreamedPlanted(tok), ShardSource(_write(pairs, tmp_path / "train")), tok, "cleanclip", TRAIN, dcfg, 0,
+        StreamConfig(slots=2, num_workers=2, window_batches=1), n_samples=16,
+        clean=ShardSource(_write(clean, tmp_path / "clean")),
     )  # fmt: skip
     scale = float(tr.model.scale().detach())
     s0 = tr.run_epoch(0)
@@ -117,8 +120,8 @@ def test_other_defenses_ignore_the_clean_source_bit_for_bit(items, tmp_path, def
     source, and the clean source is never opened."""
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train", shard_size=4)
-    clean = st.ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    clean = ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
     a = _stream_trainer(pairs, train, defense, cfg, dcfg=CLEAN_DCFG)
     b = _stream_trainer(pairs, train, defense, cfg, dcfg=CLEAN_DCFG, clean=clean)
     assert b.clean_stream is None
@@ -133,8 +136,8 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_stream(items, 
     really trained on the clean stream (weights differ from a run without it)."""
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train", shard_size=4)
-    clean = st.ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
+    clean = ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=4))
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2, shuffle_buffer=3)
 
     def trainer(with_clean=True):
         return _stream_trainer(
@@ -162,11 +165,11 @@ def test_cleanclip_resumes_bitwise_across_the_switch_to_the_clean_stream(items, 
 def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
     """Pass 0 keeps the epoch's usual order; pass 1 draws its own shard order and its own shuffle buffer (a
     multi-window clean set is not replayed in the same windows), same samples."""
-    src = st.ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=2))  # 8 shards
+    src = ShardSource(_write(_clean_mosaics(items), tmp_path / "clean", shard_size=2))  # 8 shards
     tok = WordTokenizer.from_texts(["a"])
 
     def indices(cycle, buffer):
-        stream = st.SlotStream(src, [0], 1, 4, st.ImageTransform(56, 1), tok, 8, 0, True, buffer)
+        stream = SlotStream(src, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, True, buffer)
         stream.set_epoch(1, cycle)
         return [i for g in stream if not g.get("end") for i in g["index"].tolist()]
 
@@ -178,8 +181,8 @@ def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
     assert sorted(indices(1, 3)) == list(range(16)) and indices(1, 3) != indices(1, 0)
     # the buffer's draws depend on the pass too: the same shard order read through pass 1's buffer differs
     # from pass 0's buffer over that order
-    one = st.ShardSource([src.shards[i // 2] for i in indices(1, 0)[::2]])
-    again = st.SlotStream(one, [0], 1, 4, st.ImageTransform(56, 1), tok, 8, 0, False, 3)
+    one = ShardSource([src.shards[i // 2] for i in indices(1, 0)[::2]])
+    again = SlotStream(one, [0], 1, 4, ImageTransform(56, 1), tok, 8, 0, False, 3)
     again.set_epoch(1, 0)
     assert [i for g in again if not g.get("end") for i in g["index"].tolist()] != indices(1, 3)
 
@@ -188,18 +191,18 @@ def test_a_later_pass_reshuffles_the_clean_shards_and_buffer(items, tmp_path):
 def test_a_poisoned_or_too_small_clean_source_stops_training_with_its_name(items, tmp_path):
     pairs = _data(items, 32)
     train = _write(pairs, tmp_path / "train")
-    cfg = st.StreamConfig(slots=2, num_workers=0, window_batches=2)
+    cfg = StreamConfig(slots=2, num_workers=0, window_batches=2)
     # library callers skip preflight: the poisoned window itself stops the fine-tuning epoch
-    poisoned = _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=st.ShardSource(train))
+    poisoned = _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=ShardSource(train))
     poisoned.run_epoch(0)
     with pytest.raises(DataError, match=f"clean fine-tuning source {train} holds poisoned items"):
         poisoned.run_epoch(1)
     # 4 clean pairs in 2 slots: no global batch of 8, so cycling would never reach the schedule's steps
-    tiny = st.ShardSource(_write(_clean_mosaics(items, 4), tmp_path / "tiny", shard_size=2))
+    tiny = ShardSource(_write(_clean_mosaics(items, 4), tmp_path / "tiny", shard_size=2))
     small = _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=tiny)
     with pytest.raises(DataError, match="tiny gives no full global batch of 8"):
         _within(30, lambda: list(small.global_batches(1, "cleanclip", {})))
-    one_shard = st.ShardSource(_write(_clean_mosaics(items), tmp_path / "one", shard_size=16))
+    one_shard = ShardSource(_write(_clean_mosaics(items), tmp_path / "one", shard_size=16))
     with pytest.raises(ConfigError, match="exceeds the 1 shards of stream.clean_source"):
         _stream_trainer(pairs, train, "cleanclip", cfg, dcfg=CLEAN_DCFG, clean=one_shard)
     _stream_trainer(pairs, train, "none", cfg, clean=one_shard)  # ignored: no error
@@ -262,7 +265,8 @@ def test_make_shards_writes_the_in_memory_clean_set_into_its_own_folder(tmp_path
     from typer.testing import CliRunner
 
     from reprlab.cli import app
-    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
+    from reprlab.methods.otcclip.config import DataConfig
+    from reprlab.methods.otcclip.data.testbed import build_testbed
 
     out = tmp_path / "shards"
     args = ["otcclip", "make-shards", str(out), "--n-pairs", "300", "--shard-size", "20", "--seed", "1"]
@@ -340,7 +344,7 @@ def test_shards_recipe_streams_cleanclip_fine_tuning_from_the_written_clean_set(
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "clean_shards" / sh.MANIFEST).read_text())
     assert (manifest["n_samples"], manifest["n_poisoned"], len(manifest["shards"])) == (40, 0, 2)
-    bed = R.build_testbed(cfg.data, cfg.seed)
+    bed = build_testbed(cfg.data, cfg.seed)
     got = {int(s["index"]): s for s in sh.ShardStream(run.dir / "clean_shards")}
     assert all(got[i]["caption"] == bed.clean.captions[i] for i in range(40))
     log = [json.loads(line) for line in (run.dir / "metrics.jsonl").read_text().splitlines()]

@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from reprlab.methods.otcclip.losses import OTConfig
-from reprlab.methods.otcclip.model import ModelConfig, TinyCLIP
-from reprlab.methods.otcclip.mosaic import SignatureIndex, make_mosaics
-from reprlab.methods.otcclip.poison import add_backdoor
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.trainer import DefenseConfig, TrainConfig, Trainer, drop_words, lr_factor
+from reprlab.methods.otcclip.config import DefenseConfig, ModelConfig, OTConfig, TrainConfig
+from reprlab.methods.otcclip.data.mosaic import make_mosaics
+from reprlab.methods.otcclip.data.pairs import SignatureIndex
+from reprlab.methods.otcclip.data.poison import add_backdoor
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.models.tiny import TinyCLIP
+from reprlab.methods.otcclip.training.augment import drop_words
+from reprlab.methods.otcclip.training.trainer import Trainer, lr_factor
 
 CFG = ModelConfig(
     patch_size=14,

@@ -7,18 +7,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip import evaluate as ev
-from reprlab.methods.otcclip.model import ImageFeatures
-from reprlab.methods.otcclip.mosaic import BACKDOOR, LabeledSet, SignatureIndex, class_prompts, make_mosaics
-from reprlab.methods.otcclip.poison import (
+from reprlab.methods.otcclip.data.mosaic import class_prompts, make_mosaics
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, LabeledSet, SignatureIndex
+from reprlab.methods.otcclip.data.poison import add_backdoor
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.triggers import (
     TRIGGERS,
-    add_backdoor,
     apply_trigger,
     patch_positions,
     trigger_pattern,
     wanet_field,
 )
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation import metrics as ev
+from reprlab.methods.otcclip.models.features import ImageFeatures
 
 from .otcclip_oracle import CLASSES, OracleCLIP
 

@@ -2,18 +2,30 @@
 
 Paper: Zhang, Gao, Bai et al., *Pre-training CLIP against Data Poisoning with Optimal Transport-based
 Matching and Alignment*, EMNLP 2025 (arXiv 2509.18717). Only the abstract is public, so the matching
-score, pool, losses and every hyper-parameter here are our reconstruction (``shared/papers/otcclip.md``
-§1.1), each a config key whose docstring says [ours].
+score, pool, losses and every hyper-parameter here are our reconstruction, each a config key whose help
+says [ours]; RoCLIP, SafeCLIP and CleanCLIP follow their public code.
 
-Modules (one concept each):
+The package, from the entry points down (a module imports only from the rows below it, or its own row):
 
-* ``tokenizer``: word-level tokenizer [ours].
-* ``mosaic`` / ``shapes``: the offline testbeds (Fashion-MNIST mosaics, generated shapes) [ours].
-* ``poison``: targeted poisoning and BadNets/blended backdoors [RoCLIP/CleanCLIP protocol].
-* ``model``: tiny CLIP (ViT + text transformer) exposing patch and token features; ``hf_adapter`` wraps a
-  Hugging Face ``CLIPModel``.
-* ``losses`` / ``matching``: CLIP InfoNCE, OT alignment losses, OT re-matching and RoCLIP NN matching.
-* ``trainer``: one trainer for the defenses none / roclip / safeclip / otcclip.
-* ``evaluate``: zero-shot, linear probe, ASR, re-matching quality.
-* ``recipe``: the ``otcclip-*`` recipe entry; ``audit`` / ``cli``: ``reprlab otcclip audit``.
+* ``recipe.py``: the entry ``reprlab run otcclip-*`` loads (``Config``, ``preflight``, ``run``,
+  ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards``; ``recipes/*.yaml``: the recipes.
+* ``pipeline/``: what a run does, stage by stage (preflight, in-memory and streamed runs, one defense's stage, the
+  audit stage and command, the report).
+* ``evaluation/``: zero-shot, linear probe, ASRs; on our testbed; the poison audit.
+* ``training/``: one trainer for every defense, in memory (``trainer``) or streamed from shards in slots and
+  windows (``slots``, ``stream``); augmentations.
+* ``defenses/``: one file per defense behind a registry (none, RoCLIP, SafeCLIP, CleanCLIP, OTCCLIP), their
+  losses (CLIP, in-modality, OT alignment) and matching (caption bank, OT re-matching).
+* ``models/``: the feature interface, our tiny CLIP, the Hugging Face and open_clip adapters, the ``model.arch``
+  builder, batched embeddings, a run's saved model.
+* ``data/``: the testbed (mosaics, shapes, poisons, triggers), the word tokenizer, image transforms, user data
+  in memory, webdataset shards and streamed sources.
+* ``config/``: the recipe's frozen dataclass configs, one module per YAML section (``data``, ``model``,
+  ``train``, ``defense``, ``stream``) composed into ``Config``; resolved once and handed down section by section.
+
+Where new work goes: a defense is a new file in ``defenses/``; an architecture or an export format a module in
+``models/`` (and a branch in ``models/build.py``); a data format a source in ``data/sources.py``; poisoning the
+user's own data beside ``data/poison.py`` and ``data/shards.py``, with its command in ``cli.py`` and its body in
+``pipeline/``; evaluation on an ImageFolder a module in ``evaluation/``; multi-process training in ``training/``.
+``tests/test_import_graph.py`` keeps the layers free of import circles and every module under 400 lines.
 """

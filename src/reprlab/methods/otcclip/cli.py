@@ -28,9 +28,9 @@ def audit(
     max_items: int = typer.Option(None, help="audit only the first N valid pairs"),
 ) -> None:
     """Rank image-caption pairs by how suspicious they are and suggest better captions."""
-    from reprlab.methods.otcclip.audit import main
+    from reprlab.methods.otcclip.pipeline.audit import audit_dataset
 
-    summary = main(
+    summary = audit_dataset(
         data,
         out,
         run_dir=run_dir,
@@ -74,9 +74,10 @@ def make_shards(
     """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards, and
     optionally a clean fine-tuning shard set (--clean-finetune-pairs) into a separate folder."""
     from reprlab.errors import ConfigError
-    from reprlab.methods.otcclip.poison import TRIGGERS
-    from reprlab.methods.otcclip.recipe import DataConfig, build_testbed
-    from reprlab.methods.otcclip.shards import write_clean_shards, write_shards
+    from reprlab.methods.otcclip.config import DataConfig
+    from reprlab.methods.otcclip.data.shards import write_clean_shards, write_shards
+    from reprlab.methods.otcclip.data.testbed import build_testbed
+    from reprlab.methods.otcclip.data.triggers import TRIGGERS
 
     if trigger not in TRIGGERS:
         raise ConfigError(f"--trigger {trigger!r} is not one of {list(TRIGGERS)}")
@@ -98,8 +99,8 @@ def make_shards(
     bed = build_testbed(cfg, seed) if clean_finetune_pairs or not clean else None
     if clean:
         from reprlab.assets import fashion_mnist
-        from reprlab.methods.otcclip.mosaic import make_mosaics
-        from reprlab.methods.otcclip.recipe import MOSAIC_ITEMS
+        from reprlab.methods.otcclip.data.mosaic import make_mosaics
+        from reprlab.methods.otcclip.data.testbed import MOSAIC_ITEMS
 
         x, y = fashion_mnist("train")
         pairs = make_mosaics(n_pairs, seed, 1, max_items, source=(x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]))

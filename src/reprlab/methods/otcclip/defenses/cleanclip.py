@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from reprlab.methods.otcclip.defenses.base import Batch, Defense, StepOutput, clip_step, register
-from reprlab.methods.otcclip.losses import clip_loss
+from reprlab.methods.otcclip.defenses.losses import clip_loss
 from reprlab.train.dist import all_gather_with_grad
 
 

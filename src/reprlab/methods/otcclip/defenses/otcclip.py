@@ -1,4 +1,4 @@
-"""OTCCLIP [ours, brief §1.1; the paper's abstract names OT re-matching and OT alignment losses].
+"""OTCCLIP [ours: the paper's abstract names OT re-matching and OT alignment losses, not their form].
 
 Every epoch trains ``L = L_CLIP(i, pi(i)) + lambda_inter D(V_i, T_pi(i)) + lambda_intra [D(V_i, V_i') +
 D(T_i, T_i')]`` (phase ``otc``). On matching epochs (phase ``otc_match``) the captions are first re-assigned:
@@ -9,26 +9,38 @@ D(V_i, T_j), with a global-cosine top-k shortlist and [ours] the own caption kep
 (images that keep their own caption train it with text gradient) or ``drop`` (as ``kept_grad``, and images
 whose caption was re-assigned leave the cross-modal losses for that step).
 
-Fourth ablation pass [ours], aimed at the within-epoch feedback loop of re-matching
-(docs/otcclip_ablation.md): ``own_negatives`` masks the own caption (or exact-duplicate captions) out of the
-negatives of its image, ``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and
-``match_schedule='epoch_start'`` fixes the assignment for a whole matching epoch from the epoch-start model.
+Options against the within-epoch feedback loop of re-matching [ours; docs/otcclip_ablation.md]:
+``own_negatives`` masks the own caption (or exact-duplicate captions) out of the negatives of its image,
+``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and ``match_schedule='epoch_start'``
+fixes the assignment for a whole matching epoch from the epoch-start model (these three need the in-memory
+trainer: :func:`~..config.defense.whole_set_options`).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import fields
 
 import torch
-import torch.nn.functional as F
 
 from reprlab.errors import ConfigError
+from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.evaluate import to_input
-from reprlab.methods.otcclip.losses import clip_loss, ot_alignment, ot_alignments
-from reprlab.methods.otcclip.matching import PoolRows, otc_rematch, pool_text_features, used_width
-from reprlab.methods.otcclip.model import ImageFeatures, TextFeatures
+from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
+from reprlab.methods.otcclip.defenses.matching import (
+    PoolRows,
+    otc_rematch,
+    pool_text_features,
+    rematch_whole_set,
+    used_width,
+)
+from reprlab.methods.otcclip.models.features import (
+    ImageFeatures,
+    TextFeatures,
+    cat_padded,
+    merge_rows,
+    split_rows,
+    trim,
+)
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
 # [ours, speed; part of reuse_own_text] on matching epochs (matched_text='pool', fused encoders) the pool's
@@ -36,21 +48,6 @@ from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 # encode of the same rows: 1/4 of the batch's captions fewer per step at the defaults. Same values up to
 # rounding (tested); False = the pool encodes every own caption (the step before this switch).
 POOL_SKIPS_INTRA_ROWS = True
-
-
-def whole_set_options(cfg) -> list[str]:
-    """The [ours] options (``key=value``) that key on training-pair indices, i.e. positions in the whole training
-    set: ``match_schedule='epoch_start'`` re-matches every pair, ``own_negatives`` and ``reassigned_weight``
-    compare the pair a caption came from with the image's own. A streaming trainer indexes its current window
-    only, so these need the in-memory trainer (checked at preflight and by the defense)."""
-    out = []
-    if cfg.match_schedule == "epoch_start":
-        out.append("defense.match_schedule=epoch_start")
-    if cfg.own_negatives != "keep":
-        out.append(f"defense.own_negatives={cfg.own_negatives}")
-    if cfg.reassigned_weight != 1.0:
-        out.append(f"defense.reassigned_weight={cfg.reassigned_weight:g}")
-    return out
 
 
 @register
@@ -63,9 +60,8 @@ class OTCCLIP(Defense):
         super().__init__(cfg)
         if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
             raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
-        self._fixed = (
-            None  # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
-        )
+        # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
+        self._fixed = None
 
     def phase(self, epoch: int) -> str:
         return "otc_match" if self.is_match_epoch(epoch) else "otc"
@@ -73,7 +69,7 @@ class OTCCLIP(Defense):
     def lr_scale(self, phase: str) -> float:
         return self.cfg.match_lr_scale if phase == "otc_match" else 1.0
 
-    # ---------------------------------------------------------------- fourth-pass options [ours]
+    # ---------------------------------------------------------------- feedback-loop options [ours]
     def _pair_key(self, tr, loc: torch.Tensor) -> torch.Tensor:
         """Caption key of training pairs ``loc`` (-1 stays -1): the pair itself (``mask_own``) or the id of its
         raw caption text (``mask_text``: equal ids = identical token ids before word dropout)."""
@@ -108,43 +104,8 @@ class OTCCLIP(Defense):
             raise ConfigError(f"{', '.join(opts)} needs the in-memory trainer (a stream indexes one window)")
         if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
             return {}
-        c, model, dev = self.cfg, tr.model, tr.device
-        chunk = 256
-        imgs = [
-            model.encode_image(to_input(tr.data.images[s : s + chunk]).to(dev))
-            for s in range(0, len(tr.ids), chunk)
-        ]
-        txts = [
-            model.encode_text(tr.ids[s : s + chunk].to(dev), tr.mask[s : s + chunk].to(dev))
-            for s in range(0, len(tr.ids), chunk)
-        ]
-        g = torch.cat([t.global_ for t in txts])
-        tokens, mask = torch.cat([t.tokens for t in txts]), torch.cat([t.mask for t in txts])
-        index, err, conv = [], [], []
-        for s, img in zip(range(0, len(tr.ids), chunk), imgs):
-            own = torch.arange(s, s + len(img.global_), device=dev) if c.include_own else None
-            m = otc_rematch(
-                img.global_,
-                img.patches,
-                g,
-                tokens,
-                mask,
-                c.top_k,
-                c.alpha,
-                c.ot,
-                own_index=own,
-                margin=c.keep_margin,
-            )
-            index.append(m.index)
-            err.append(m.marginal_error)
-            conv.append(m.converged)
-        self._fixed = {
-            "index": torch.cat(index),
-            "txt": TextFeatures(g, tokens, mask),
-            "err": torch.cat(err),
-            "conv": torch.cat(conv),
-        }
-        own_kept = (self._fixed["index"] == torch.arange(len(tr.ids), device=dev)).float().mean()
+        self._fixed = rematch_whole_set(tr.model, tr.data.images, tr.ids, tr.mask, self.cfg, tr.device)
+        own_kept = (self._fixed["index"] == torch.arange(len(tr.ids), device=tr.device)).float().mean()
         return {"epoch_start_own_kept": float(own_kept)}
 
     def assign_fixed(self, tr, b: Batch) -> tuple[Assignment, TextFeatures]:
@@ -270,7 +231,7 @@ class OTCCLIP(Defense):
         ``own_txt``: the own captions' first-view features with gradient, when already computed (non-matching
         epochs: they are ``txt``); the intra text term then reuses its rows instead of encoding them again.
         ``views``: the intra term's ``(second image view, own captions, caption views)`` features of the
-        :meth:`~reprlab.methods.otcclip.trainer.Trainer.intra_rows`, when the step already encoded them.
+        :meth:`~.base.TrainerView.intra_rows`, when the step already encoded them.
         ``keep``: optional ``bool (local,)``; only these rows enter the CLIP and inter-OT terms
         (``matched_text='drop'``). The CLIP term then contrasts the kept rows of the whole global batch.
         ``negative_mask``: optional ``bool (global, global)`` logits left out of the CLIP term
@@ -418,42 +379,3 @@ class OTCCLIP(Defense):
                 RuntimeWarning,
                 stacklevel=3,
             )
-
-
-def trim(txt: TextFeatures, width: int) -> TextFeatures:
-    """The first ``width`` token positions of ``txt`` (the global embedding is unchanged)."""
-    return TextFeatures(txt.global_, txt.tokens[:, :width], txt.mask[:, :width])
-
-
-def merge_rows(take_first: torch.Tensor, first: TextFeatures, second: TextFeatures) -> TextFeatures:
-    """Row ``r`` from ``first`` where ``take_first[r]`` else from ``second``; token sets right-padded with
-    zero features / ``False`` to the wider of the two."""
-    width = max(first.tokens.shape[1], second.tokens.shape[1])
-
-    def pad(t: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = width - t.tokens.shape[1]
-        return F.pad(t.tokens, (0, 0, 0, extra)), F.pad(t.mask, (0, extra))
-
-    (tok1, mask1), (tok2, mask2) = pad(first), pad(second)
-    rows = take_first[:, None]
-    return TextFeatures(
-        torch.where(rows, first.global_, second.global_),
-        torch.where(rows[:, :, None], tok1, tok2),
-        torch.where(rows, mask1, mask2),
-    )
-
-
-def split_rows(feats, n: int) -> tuple:
-    """Split Image/TextFeatures of stacked inputs into rows ``[:n]`` and ``[n:]`` (same feature class)."""
-    values = [getattr(feats, f.name) for f in fields(feats)]  # global_, patches/tokens, mask
-    return type(feats)(*(v[:n] for v in values)), type(feats)(*(v[n:] for v in values))
-
-
-def cat_padded(ids: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(rows, pos)`` token batches of possibly different widths, right-padding with 0 / False."""
-    width = max(t.shape[1] for t in ids)
-    pad = [(0, width - t.shape[1]) for t in ids]
-    return (
-        torch.cat([F.pad(t, p) for t, p in zip(ids, pad)]),
-        torch.cat([F.pad(m, p) for m, p in zip(masks, pad)]),
-    )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, clip_step, register
-from reprlab.methods.otcclip.losses import clip_loss
-from reprlab.methods.otcclip.matching import nn_rematch
+from reprlab.methods.otcclip.defenses.losses import clip_loss
+from reprlab.methods.otcclip.defenses.matching import nn_rematch
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
 

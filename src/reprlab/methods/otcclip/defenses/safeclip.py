@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from reprlab.methods.otcclip.defenses.base import Batch, Defense, StepOutput, clip_step, register
-from reprlab.methods.otcclip.evaluate import embed_images, embed_texts
-from reprlab.methods.otcclip.losses import clip_loss, unimodal_loss
+from reprlab.methods.otcclip.defenses.losses import clip_loss, unimodal_loss
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.train.dist import all_gather_with_grad
 
 

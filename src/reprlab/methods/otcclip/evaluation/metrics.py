@@ -1,5 +1,6 @@
-"""Evaluation: zero-shot top-1, linear probe, attack success rates (brief §3), for any model exposing
-``encode_image(float (B, C, H, W)) -> ImageFeatures`` and ``encode_text(ids, mask) -> TextFeatures``.
+"""Evaluation metrics: zero-shot top-1, linear probe, attack success rates [the RoCLIP/SafeCLIP/CleanCLIP
+protocols], for any model exposing ``encode_image(float (B, C, H, W)) -> ImageFeatures`` and
+``encode_text(ids, mask) -> TextFeatures``.
 
 * Zero-shot [CLIP]: class embedding w_c = normalised mean of the normalised prompt-template embeddings;
   predict argmax_c cos(u(x), w_c).
@@ -15,53 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.otcclip.mosaic import LabeledSet
-from reprlab.methods.otcclip.poison import TargetSet, apply_trigger
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
-
-
-def to_input(images: torch.Tensor) -> torch.Tensor:
-    """``uint8 (B, C, H, W)`` -> float in [-1, 1]."""
-    return images.float() / 127.5 - 1.0
-
-
-class _EvalMode:
-    def __init__(self, model):
-        self.model, self.was_training = model, model.training
-
-    def __enter__(self):
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was_training)
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-@torch.no_grad()
-def embed_images(model, images: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
-    """Global image embeddings ``(N, d)`` (normalised) of ``uint8 (N, C, H, W)`` images."""
-    dev, out = _device(model), []
-    with _EvalMode(model):
-        for s in range(0, len(images), batch_size):
-            out.append(model.encode_image(to_input(images[s : s + batch_size]).to(dev)).global_.cpu())
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def embed_texts(model, ids: torch.Tensor, mask: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
-    """Global caption embeddings ``(N, d)`` of ``ids/mask (N, pos)``."""
-    dev, out = _device(model), []
-    with _EvalMode(model):
-        for s in range(0, len(ids), batch_size):
-            out.append(
-                model.encode_text(
-                    ids[s : s + batch_size].to(dev), mask[s : s + batch_size].to(dev)
-                ).global_.cpu()
-            )
-    return torch.cat(out)
+from reprlab.methods.otcclip.data.pairs import LabeledSet
+from reprlab.methods.otcclip.data.poison import TargetSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.data.triggers import apply_trigger
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 
 
 def class_embeddings(model, tokenizer: WordTokenizer, prompts: list[list[str]], max_len: int) -> torch.Tensor:
@@ -110,7 +69,7 @@ def asr_backdoor(
 ) -> float:
     """Share of triggered test images of true class != target that are classified as the target.
 
-    ``trigger``, ``seed``, ``patch`` and ``params`` (:class:`~reprlab.methods.otcclip.poison.TriggerParams`
+    ``trigger``, ``seed``, ``patch`` and ``params`` (:class:`~..data.triggers.TriggerParams`
     fields) as in training, so the test trigger is the trained one.
     """
     keep = test.labels != target_class

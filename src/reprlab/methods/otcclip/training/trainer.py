@@ -5,11 +5,12 @@ The trainer owns what defenses share: data order and augmentation noise, drawn f
 (seed, epoch, step) for the whole global batch (so a multi-rank run sees exactly the same batches as a
 single-process run, tested), the optimiser and learning-rate schedule, the FIFO caption bank's storage,
 gradient averaging, and the per-epoch diagnostics. What a defense does to the caption assignment and which
-losses it adds lives in its own class under :mod:`reprlab.methods.otcclip.defenses` (``none``, ``roclip``,
-``safeclip``, ``cleanclip``, ``otcclip``; see each module's docstring for its phases and sources).
+losses it adds lives in its own class under :mod:`..defenses` (``none``, ``roclip``, ``safeclip``, ``cleanclip``,
+``otcclip``; see each module's docstring for its phases and sources); the trainer hands itself to the defense as
+the :class:`~..defenses.base.TrainerView` it implements.
 
 The data comes from :meth:`Trainer.global_batches`: here the whole in-memory :class:`PairSet`, permuted per
-epoch; :class:`reprlab.methods.otcclip.stream.StreamTrainer` overrides it to feed shards or a CSV/JSONL window
+epoch; :class:`~.stream.StreamTrainer` overrides it to feed shards or a CSV/JSONL window
 by window through DataLoader workers (with one window covering the data, both give bitwise-equal weights).
 
 Logged per epoch: ``phase``, ``loss`` and ``loss_<term>`` (epoch means of the defense's named loss terms),
@@ -22,53 +23,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from reprlab.methods.otcclip.defenses import DEFAULT_DEFENSES, REGISTRY, Batch, DefenseConfig, make_defense
-from reprlab.methods.otcclip.matching import CaptionBank
-from reprlab.methods.otcclip.mosaic import PairSet
-from reprlab.methods.otcclip.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.config import TrainConfig
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.defenses import Batch, DefenseConfig, make_defense
+from reprlab.methods.otcclip.defenses.matching import CaptionBank
+from reprlab.methods.otcclip.training.augment import augment_images, drop_words
 from reprlab.train.dist import DistInfo, all_gather_nograd, average_gradients, shard
-
-DEFENSES = DEFAULT_DEFENSES  # trained by default, in this order
-AVAILABLE_DEFENSES = tuple(REGISTRY)  # every registered defense
-__all__ = [
-    "AVAILABLE_DEFENSES",
-    "DEFENSES",
-    "DefenseConfig",
-    "TrainConfig",
-    "Trainer",
-    "augment_images",
-    "drop_words",
-    "lr_factor",
-]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = field(default=12, metadata={"help": "training epochs per defense"})
-    batch_size: int = field(default=128, metadata={"help": "global batch (split across ranks)"})
-    lr: float = field(default=1e-3, metadata={"help": "peak AdamW learning rate"})
-    weight_decay: float = field(
-        default=0.1, metadata={"help": "AdamW weight decay (RoCLIP: 0.1) on matrices"}
-    )
-    warmup_steps: int = field(default=50, metadata={"help": "linear warm-up steps, then cosine decay"})
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "final lr / peak lr"})
-    grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clip"})
-    shift: int = field(
-        default=2,
-        metadata={
-            "help": "max random translation in px [ours: no flips/crops, "
-            "they would falsify 'left/right' captions]"
-        },
-    )
-    brightness: float = field(default=0.2, metadata={"help": "random brightness scale +- this"})
-    word_dropout: float = field(default=0.1, metadata={"help": "EDA-style random word deletion probability"})
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -77,58 +44,6 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def augment_images(
-    images: torch.Tensor,
-    g: torch.Generator,
-    shift: int,
-    brightness: float,
-    rows: slice | None = None,
-    device: torch.device | None = None,
-) -> torch.Tensor:
-    """Random translation (zero fill) and brightness of ``uint8 (B, C, H, W)`` -> float in [-1, 1].
-
-    The random draws cover all B images (so every rank draws the same stream); only ``rows`` (default all) are
-    computed, on ``device`` (default the images'): a rank augments its own rows, on its accelerator, rather
-    than the whole global batch on the CPU. Returns ``(len(rows), C, H, W)``.
-    """
-    b, _, h, w = images.shape
-    dx = torch.randint(0, 2 * shift + 1, (b,), generator=g).tolist()
-    dy = torch.randint(0, 2 * shift + 1, (b,), generator=g).tolist()
-    scale = 1 + (torch.rand(b, 1, 1, 1, generator=g) * 2 - 1) * brightness
-    rows = rows or slice(0, b)
-    padded = F.pad(images[rows].to(device).float(), (shift,) * 4)
-    out = torch.stack(
-        [
-            padded[i - rows.start, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w]
-            for i in range(rows.start, rows.stop)
-        ]
-    )
-    return (out * scale[rows].to(out.device)).clamp(0, 255) / 127.5 - 1.0
-
-
-def drop_words(
-    ids: torch.Tensor, mask: torch.Tensor, g: torch.Generator, p: float, keep_ids=()
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Delete each word with probability p (at least one kept), re-packing left. ``(B, pos)`` each.
-
-    ``keep_ids``: the tokenizer's special ids (``special_ids``: open_clip's SOT/EOT, a HF CLIP tokenizer's
-    BOS/EOS), never dropped; the stable re-packing keeps them in place (SOT first, EOT right after the last kept
-    word), so EOT/EOS pooling still reads the EOT. Empty (our word tokenizer): the original rule, bit for bit.
-    """
-    keep = mask & (torch.rand(ids.shape, generator=g) >= p)
-    if len(keep_ids):
-        special = mask & torch.isin(ids, torch.as_tensor(list(keep_ids), dtype=ids.dtype))
-        word = mask & ~special
-        keep = (keep & word) | special
-        # at least one word kept: the first one, where every word of a row was dropped
-        rows = torch.nonzero(word.any(1) & ~(keep & word).any(1)).flatten()
-        keep[rows, word[rows].to(torch.int8).argmax(1)] = True
-    else:
-        keep[:, 0] |= ~keep.any(1)
-    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-    return torch.gather(ids * keep, 1, order), torch.gather(keep, 1, order)
 
 
 class _State(nn.Module):

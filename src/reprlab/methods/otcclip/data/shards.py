@@ -1,4 +1,4 @@
-"""Image-caption pairs as webdataset tar shards, and a streaming dataset over shards [ours; issue 11 item 5].
+"""Image-caption pairs as webdataset tar shards, and a streaming dataset over shards [ours].
 
 Layout (the webdataset convention, so ``webdataset.WebDataset`` and ``reprlab otcclip audit`` read it): POSIX
 tar files ``{prefix}-{i:06d}.tar``; a sample is consecutive members sharing a key (the file name up to the
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from reprlab.methods.otcclip.mosaic import PairSet
+from reprlab.methods.otcclip.data.pairs import PairSet
 
 MANIFEST = "manifest.json"
 

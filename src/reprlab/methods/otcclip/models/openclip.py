@@ -1,5 +1,6 @@
 """Adapter: an open_clip model (open-clip-torch) behind the TinyCLIP interface, so the trainer, the defenses, the
-streamed path and the evaluation run unchanged on open_clip architectures [issue 11 item 5].
+streamed path and the evaluation run unchanged on open_clip architectures [ours: open_clip is where CLIP ViT and
+ResNet towers are commonly built and kept].
 
 ``model.arch=open_clip:<name>`` builds, randomly initialised, any of open_clip's model configs
 (``open_clip.list_models()``: ``ViT-B-32``, ``RN50``...), a model-config JSON file (open_clip's flat format,
@@ -8,15 +9,15 @@ streamed path and the evaluation run unchanged on open_clip architectures [issue
 ``reprlab-tiny-vit`` is the CPU recipe's tiny ViT. ``model.pretrained`` loads weights from a local file (never a
 hub download).
 
-Fine-grained features follow brief §1.1, read from open_clip's own forward pass:
+Fine-grained features (as TinyCLIP's, :mod:`.tiny`), read from open_clip's own forward pass:
 
 - ViT towers: global = open_clip's ``encode_image``; patches = the tower's patch tokens after ``ln_post``, times
   ``visual.proj`` (open_clip's ``output_tokens`` output; with ``final_ln_after_pool`` the adapter applies
   ``ln_post`` to the tokens too, so patches and the global embedding share one normalisation [ours]).
 - ModifiedResNet towers (RN50...): global = open_clip's ``encode_image`` (the attention pool's mean-token query);
-  patches = the attention pool's spatial outputs (its HW other queries, projected by ``c_proj``: brief §1.1), the
-  attention recomputed with the pool's own weights from its input (tested: its first row equals open_clip's
-  output).
+  patches = the attention pool's spatial outputs (its HW other queries, projected by ``c_proj`` [ours: the 49
+  spatial outputs of a ResNet-50, as the baselines' model code pools only the first]), the attention recomputed
+  with the pool's own weights from its input (tested: its first row equals open_clip's output).
 - Text (open_clip's ``TextTransformer``, in ``CLIP`` or ``CustomTextCLIP``): global = open_clip's
   ``encode_text``; tokens = the last layer after ``ln_final`` (read by a hook in the same forward pass) times
   ``text_projection``, masked by ``ids != 0`` (open_clip pads with 0; SOT and EOT are kept).
@@ -42,10 +43,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from reprlab.errors import ConfigError
-from reprlab.methods.otcclip.hf_adapter import AdapterSizes, _hf_special_ids, clip_pixels
-from reprlab.methods.otcclip.model import LOGIT_SCALE_MAX, ImageFeatures, TextFeatures
+from reprlab.methods.otcclip.models.features import (
+    LOGIT_SCALE_MAX,
+    AdapterSizes,
+    ImageFeatures,
+    TextFeatures,
+    clip_pixels,
+)
+from reprlab.methods.otcclip.models.hf import hf_special_ids
 
-TINY_CONFIG = Path(__file__).parent / "data" / "reprlab-tiny-vit.json"
+TINY_CONFIG = Path(__file__).parent / "reprlab-tiny-vit.json"
 SUPPORTED_TOWERS = (
     "image: open_clip VisionTransformer (pool_type 'tok' or 'avg', no attentional pool) or ModifiedResNet "
     "(RN50...); text: open_clip TextTransformer"
@@ -264,7 +271,7 @@ class OpenCLIPAdapter(nn.Module):
 def attnpool_queries(pool, x: torch.Tensor) -> torch.Tensor:
     """Every query output of open_clip's ``AttentionPool2d`` on its input ``x (batch, C, H, W)``:
     ``(batch, 1 + H*W, output_dim)``; row 0 is the pooled embedding open_clip returns (its only output), rows 1..HW
-    the spatial outputs (brief §1.1). The pool's own attention, weights, mean token and positional embedding."""
+    the spatial outputs (the patch features of a ResNet tower [ours]). The pool's own attention, weights, mean token and positional embedding."""
     b, c = x.shape[:2]
     seq = x.reshape(b, c, -1).permute(2, 0, 1)  # (HW, batch, C)
     seq = torch.cat([seq.mean(dim=0, keepdim=True), seq], dim=0) + pool.positional_embedding[:, None].to(
@@ -294,7 +301,7 @@ class OpenCLIPTokenizer:
         # open_clip's HFTokenizer wraps a transformers tokenizer
         inner = getattr(tokenizer, "tokenizer", None)
         if inner is not None:
-            ids |= set(_hf_special_ids(inner))
+            ids |= set(hf_special_ids(inner))
         self.special_ids = tuple(sorted(i for i in ids if isinstance(i, int) and i != 0))
 
     @classmethod

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from reprlab.errors import ConfigError, DataError
-from reprlab.methods.otcclip.mosaic import PairSet, SignatureIndex
+from reprlab.methods.otcclip.data.pairs import PairSet, SignatureIndex
 
 # [ours] a caption longer than this is not a caption (the csv module's default field limit, 128 KiB)
 MAX_CAPTION_CHARS = 128 * 1024

@@ -1,7 +1,7 @@
 """Adapter: any Hugging Face ``CLIPModel`` behind the TinyCLIP interface, so the trainer, the defenses,
 the evaluation and the audit run unchanged on pretrained CLIP weights (for users who have them).
 
-Fine-grained features follow brief §1.1: image patches are the last-layer patch tokens after the
+Fine-grained features (as TinyCLIP's, :mod:`.tiny`): image patches are the last-layer patch tokens after the
 vision ``post_layernorm`` and ``visual_projection``; caption tokens are the last-layer text states (after
 ``final_layer_norm``) times ``text_projection``, masked by the attention mask. Global features are HF's
 own pooled + projected embeddings. [ours: applying ``post_layernorm`` to patch tokens, which HF applies
@@ -10,21 +10,20 @@ only to the pooled CLS token, so that patches and the global embedding share one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reprlab.methods.otcclip.model import LOGIT_SCALE_MAX, ImageFeatures, TextFeatures
-
-
-@dataclass(frozen=True)
-class AdapterSizes:
-    """The two sizes the trainer reads from ``model.cfg``."""
-
-    max_len: int
-    embed_dim: int
+from reprlab.methods.otcclip.models.features import (
+    LOGIT_SCALE_MAX,
+    AdapterSizes,
+    ImageFeatures,
+    TextFeatures,
+    clip_pixels,
+)
 
 
 def clip_config(cfg, vocab_size: int):
@@ -59,9 +58,6 @@ def clip_config(cfg, vocab_size: int):
 def processor_stats(folder: str | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Image mean and std of a local CLIP processor folder (``preprocessor_config.json``), else the CLIP image
     processor's defaults (OpenAI CLIP's)."""
-    import json
-    from pathlib import Path
-
     from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
     path = Path(folder) / "preprocessor_config.json" if folder else None
@@ -69,21 +65,6 @@ def processor_stats(folder: str | None = None) -> tuple[tuple[float, ...], tuple
         pc = json.loads(path.read_text())
         return tuple(pc.get("image_mean", OPENAI_CLIP_MEAN)), tuple(pc.get("image_std", OPENAI_CLIP_STD))
     return tuple(OPENAI_CLIP_MEAN), tuple(OPENAI_CLIP_STD)
-
-
-def clip_pixels(
-    images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, size: int, pixel_norm: bool
-) -> torch.Tensor:
-    """Trainer images ``(batch, 1 or 3, H, W)`` in [-1, 1] -> a CLIP vision tower's input ``(batch, 3, size, size)``:
-    greyscale repeated to 3 channels, the model's own mean/std (with ``pixel_norm``; else the images are taken as
-    already normalised), bilinear resize to its input size. Shared by the HF and open_clip adapters."""
-    if images.shape[1] == 1:
-        images = images.expand(-1, 3, -1, -1)
-    if pixel_norm:
-        images = ((images + 1) / 2 - mean) / std
-    if images.shape[-1] != size or images.shape[-2] != size:
-        images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    return images
 
 
 class HFCLIPAdapter(nn.Module):
@@ -165,7 +146,7 @@ class HFCLIPAdapter(nn.Module):
         return TextFeatures(F.normalize(global_, dim=-1), F.normalize(tokens, dim=-1) * w, mask)
 
 
-def _hf_special_ids(tokenizer) -> tuple[int, ...]:
+def hf_special_ids(tokenizer) -> tuple[int, ...]:
     """BOS/EOS (CLS/SEP) ids of a transformers tokenizer: the sequence markers, not unk or a distinct pad."""
     ids = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "cls", "sep")}
     return tuple(sorted(i for i in ids if isinstance(i, int)))
@@ -176,7 +157,7 @@ class HFTokenizerAdapter:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.special_ids = _hf_special_ids(tokenizer)  # never dropped by word dropout (EOS pooling reads EOS)
+        self.special_ids = hf_special_ids(tokenizer)  # never dropped by word dropout (EOS pooling reads EOS)
 
     def __len__(self) -> int:
         return len(self.tokenizer)
@@ -189,3 +170,28 @@ class HFTokenizerAdapter:
 
     def decode(self, ids: torch.Tensor) -> list[str]:
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def load_hf_model(model_id: str, max_len: int = 77):
+    """A Hugging Face CLIP (hub id or local folder) and its tokenizer, behind our interfaces."""
+    from transformers import AutoTokenizer, CLIPModel
+
+    clip = CLIPModel.from_pretrained(model_id)
+    # the audit's images are in [-1, 1] like the trainer's; the adapter maps them to the processor's mean/std
+    norm = processor_stats(_processor_folder(model_id))
+    tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
+    return HFCLIPAdapter(clip, max_len, pixel_norm=norm), tok
+
+
+def _processor_folder(model_id: str) -> str | None:
+    """The folder holding ``model_id``'s ``preprocessor_config.json``: the local folder itself, or the hub
+    cache's snapshot (never a download); ``None`` falls back to OpenAI CLIP's statistics."""
+    if Path(model_id).is_dir():
+        return model_id
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(model_id, "preprocessor_config.json")
+    except Exception:  # an id the cache cannot parse: use the defaults
+        return None
+    return str(Path(hit).parent) if isinstance(hit, str) else None

@@ -1,12 +1,12 @@
-"""``reprlab otcclip audit``: rank a dataset's image-caption pairs by how suspicious they are [ours, beyond
-the paper].
+"""The audit behind ``reprlab otcclip audit``: rank a dataset's image-caption pairs by how suspicious they are
+[ours, beyond the paper]; :mod:`..pipeline.audit` runs it on a user dataset or a run's testbed.
 
 For each pair i with image features (u_i, V_i) and caption features (w_i, T_i) we compute the OTCCLIP
 matching score of its own caption, S_own = alpha cos(u_i, w_i) - (1 - alpha) D(V_i, T_i), and re-run
 OTCCLIP re-matching against a pool of the dataset's captions (global top-k shortlist, OT re-ranking). The
 suspicion score is the margin S_best - S_own: how much better the best other caption fits the image than
 its own. Pairs whose best caption is a different text with a positive margin are flagged; the report
-lists the top pairs with thumbnails and the suggested caption.
+lists the top pairs with thumbnails and the suggested caption (:func:`write_outputs`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from reprlab.errors import ConfigError
-from reprlab.methods.otcclip.evaluate import to_input
-from reprlab.methods.otcclip.losses import OTConfig, ot_solve
-from reprlab.methods.otcclip.matching import otc_rematch
-from reprlab.methods.otcclip.mosaic import PairSet
+from reprlab.methods.otcclip.config import OTConfig
+from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.transforms import to_input
+from reprlab.methods.otcclip.defenses.losses import ot_solve
+from reprlab.methods.otcclip.defenses.matching import otc_rematch
 
 
 @dataclass
@@ -213,124 +213,3 @@ def write_outputs(
         f"<th>score</th><th>flagged</th></tr>{''.join(rows)}</table></body></html>",
         encoding="utf-8",
     )
-
-
-def load_run_model(run_dir: Path, defense: str = "otcclip"):
-    """Rebuild the model an ``otcclip-*`` run trained (the arch its resolved config names: ``tiny``, ``hf_clip``
-    or ``open_clip:<name>``, through ``build_model``), its tokenizer (:func:`run_tokenizer`) and checkpoint.
-
-    Raises:
-        ModelNotAvailableError: ``open_clip:<name>`` where open-clip-torch does not import.
-    """
-    from reprlab.config import load_config
-    from reprlab.methods.otcclip.model import build_model
-    from reprlab.methods.otcclip.recipe import Config
-    from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
-
-    run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} not found: is {run_dir} an otcclip run folder?")
-    cfg = load_config(Config, yaml.safe_load(cfg_path.read_text()))
-    ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
-    if not ckpts:
-        raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
-    channels = 3 if cfg.data.tint else 1
-    if cfg.model.arch.startswith("open_clip:"):
-        # first: without open_clip, the clean ModelNotAvailableError
-        model = build_model(cfg.model, 0, channels)
-        tok = run_tokenizer(cfg, run_dir)
-    else:
-        tok = run_tokenizer(cfg, run_dir)
-        model = build_model(cfg.model, len(tok), channels)
-    load_checkpoint_dir(ckpts[-1], {"model": model}, None, restore_rng=False)  # bank/state are not needed
-    return model, tok, cfg
-
-
-def run_tokenizer(cfg, run_dir: Path):
-    """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
-    saved (``artifacts/tokenizer.json``, a vocabulary list); else (an ``hf_clip`` run with ``model.tokenizer``,
-    which saves none) the Hugging Face tokenizer of that folder."""
-    from reprlab.methods.otcclip.model import build_tokenizer
-    from reprlab.methods.otcclip.tokenizer import WordTokenizer
-
-    tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
-    if cfg.model.arch.startswith("open_clip:"):
-        return build_tokenizer(cfg.model)
-    if tok_path.exists():
-        return WordTokenizer.load(tok_path)
-    if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
-        return build_tokenizer(cfg.model)
-    raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")
-
-
-def load_hf_model(model_id: str, max_len: int = 77):
-    """A Hugging Face CLIP (hub id or local folder) and its tokenizer, behind our interfaces."""
-    from transformers import AutoTokenizer, CLIPModel
-
-    from reprlab.methods.otcclip.hf_adapter import HFCLIPAdapter, HFTokenizerAdapter, processor_stats
-
-    clip = CLIPModel.from_pretrained(model_id)
-    # the audit's images are in [-1, 1] like the trainer's; the adapter maps them to the processor's mean/std
-    norm = processor_stats(_processor_folder(model_id))
-    tok = HFTokenizerAdapter(AutoTokenizer.from_pretrained(model_id))
-    return HFCLIPAdapter(clip, max_len, pixel_norm=norm), tok
-
-
-def _processor_folder(model_id: str) -> str | None:
-    """The folder holding ``model_id``'s ``preprocessor_config.json``: the local folder itself, or the hub
-    cache's snapshot (never a download); ``None`` falls back to OpenAI CLIP's statistics."""
-    if Path(model_id).is_dir():
-        return model_id
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        hit = try_to_load_from_cache(model_id, "preprocessor_config.json")
-    except Exception:  # an id the cache cannot parse: use the defaults
-        return None
-    return str(Path(hit).parent) if isinstance(hit, str) else None
-
-
-def main(
-    data: Path,
-    out: Path,
-    run_dir: Path | None = None,
-    defense: str = "otcclip",
-    hf_model: str | None = None,
-    top: int = 50,
-    top_k: int = 16,
-    alpha: float = 0.5,
-    max_items: int | None = None,
-) -> dict:
-    """Audit a user dataset with a model from an otcclip run (``run_dir``) or a Hugging Face CLIP.
-
-    Writes ``out/flagged.csv``, ``out/audit.html`` and ``out/audit.json``; returns the summary.
-    """
-    from reprlab.methods.otcclip.datasets import load_pairs
-
-    validate_options(top, top_k, alpha, max_items)
-    if (run_dir is None) == (hf_model is None):
-        raise ConfigError(
-            "give exactly one of run_dir (an otcclip run folder) or hf_model (a CLIP id/folder)"
-        )
-    if run_dir is not None:
-        model, tok, cfg = load_run_model(run_dir, defense)
-        size = getattr(model, "image_size", cfg.model.image_size)  # open_clip: its preprocess_cfg size
-        channels, ot = 3 if cfg.data.tint else 1, cfg.defense.ot
-    else:
-        model, tok = load_hf_model(hf_model)
-        size, channels, ot = model.image_size, 3, OTConfig()
-    pairs, names, report = load_pairs(data, image_size=size, channels=channels, max_items=max_items)
-    result = audit_pairs(model, tok, pairs, top_k=top_k, alpha=alpha, ot=ot)
-    ot_diag = {
-        "ot_max_marginal_error": result.ot_max_marginal_error,
-        "ot_converged_share": result.ot_converged_share,
-    }
-    extra = {"source": str(data), **report.as_summary("data"), **ot_diag, "data_notes": report.notes}
-    write_outputs(Path(out), pairs, names, result, top, extra)
-    return {
-        "n_pairs": len(pairs),
-        "n_flagged": int(result.flagged.sum()),
-        **report.as_summary("data"),
-        **ot_diag,
-    }

@@ -1,6 +1,6 @@
 """Fashion-MNIST mosaic testbed: real item images composed into 2x2 scenes with compositional captions [ours].
 
-No captioned images exist offline (``shared/assets.md`` §3), so we build them: each training image is a
+No captioned images exist offline (``docs/assets.md``), so we build them: each training image is a
 56x56 grid whose four 28x28 quadrants hold 1-4 Fashion-MNIST items (optionally tinted), captioned from
 varied templates naming each item and where it is ("a photo of a sneaker at the top left and a bag in
 the bottom right"). Patch-token OT alignment therefore carries meaning: the patches of a quadrant should
@@ -10,12 +10,11 @@ serve zero-shot, linear-probe and ASR evaluation. Everything is deterministic fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
 from reprlab.assets import FASHION_MNIST_CLASSES, fashion_mnist
+from reprlab.methods.otcclip.data.pairs import LabeledSet, PairSet, SignatureIndex
 
 POSITIONS = ("top left", "top right", "bottom left", "bottom right")
 PREFIXES = ("", "a photo of ", "a picture of ", "an image of ")
@@ -30,49 +29,6 @@ TINTS = {
     "blue": (0.35, 0.45, 1.0),
     "yellow": (1.0, 1.0, 0.3),
 }
-
-CLEAN, TARGETED, BACKDOOR = 0, 1, 2
-
-
-@dataclass
-class PairSet:
-    """Image-caption training pairs with provenance.
-
-    Attributes:
-        images: ``uint8 (N, C, H, W)``.
-        captions: N captions.
-        kind: ``int64 (N,)``: 0 clean, 1 targeted poison, 2 backdoor poison.
-        sig: ``int64 (N,)``: id of the caption's content (set of (item, position)); two captions with
-            the same id describe the same scene, which is how re-matching quality counts a kept caption.
-        image_id: ``int64 (N,)``: source image id (targeted poisons repeat one image many times).
-    """
-
-    images: torch.Tensor
-    captions: list[str]
-    kind: torch.Tensor
-    sig: torch.Tensor
-    image_id: torch.Tensor
-    class_names: tuple[str, ...] = FASHION_MNIST_CLASSES
-    skipped: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.captions)
-
-    def __post_init__(self):
-        n = len(self.captions)
-        if n == 0:
-            raise ValueError("PairSet is empty: no valid image-caption pairs")
-        for name in ("images", "kind", "sig", "image_id"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"PairSet.{name} has {len(getattr(self, name))} rows, captions {n}")
-
-
-@dataclass
-class LabeledSet:
-    """Single-item images with class labels: ``images uint8 (N, C, H, W)``, ``labels int64 (N,)``."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
 
 
 def caption_for(
@@ -95,16 +51,6 @@ def _paint(canvas: np.ndarray, item: np.ndarray, pos: int, tint: str) -> None:
     if canvas.shape[0] == 3:
         patch = patch[None] * np.asarray(TINTS[tint] if tint else (1.0, 1.0, 1.0), np.float32)[:, None, None]
     canvas[:, r * 28 : (r + 1) * 28, c * 28 : (c + 1) * 28] = patch
-
-
-class SignatureIndex:
-    """Interns scene contents (frozensets) to stable int ids."""
-
-    def __init__(self):
-        self.ids: dict[frozenset, int] = {}
-
-    def __call__(self, content: frozenset) -> int:
-        return self.ids.setdefault(content, len(self.ids))
 
 
 def make_mosaics(

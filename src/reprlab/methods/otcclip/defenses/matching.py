@@ -1,7 +1,8 @@
 """Caption re-matching: OTCCLIP's OT re-ranking and RoCLIP's nearest-neighbour matching.
 
-OTCCLIP (brief §1.1, all details ours): for each image i, take the top-k captions by global cosine from
-the pool (current global batch + FIFO bank, captions stored with their token features), score
+OTCCLIP (all details ours: the abstract names OT re-matching, not its form): for each image i, take the top-k
+captions by global cosine from the pool (current global batch + FIFO bank, captions stored with their token
+features), score
 S_ij = alpha cos(u_i, w_j) - (1 - alpha) D(V_i, T_j) with D the entropic OT distance between patch and
 token features, and assign pi(i) = argmax_j S_ij. No gradient flows through matching.
 
@@ -17,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reprlab.methods.otcclip.losses import OTConfig, ot_solve
+from reprlab.methods.otcclip.config import DefenseConfig, OTConfig
+from reprlab.methods.otcclip.data.transforms import to_input
+from reprlab.methods.otcclip.defenses.losses import ot_solve
+from reprlab.methods.otcclip.models.features import TextFeatures
 from reprlab.ot import SinkhornResult
 
 
@@ -292,3 +296,51 @@ def nn_rematch(image_global: torch.Tensor, pool_global: torch.Tensor) -> MatchRe
     """RoCLIP: the pool caption with maximum cosine to each image. ``(batch, d)``, ``(P, d)`` -> index ``(batch,)``."""
     score, index = (image_global @ pool_global.T).max(dim=1)
     return MatchResult(index, score)
+
+
+@torch.no_grad()
+def rematch_whole_set(
+    model: nn.Module,
+    images: torch.Tensor,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: DefenseConfig,
+    device: torch.device,
+    chunk: int = 256,
+) -> dict:
+    """OTCCLIP re-matching of every training pair at once (``match_schedule='epoch_start'`` [ours]): images
+    ``uint8 (N, C, H, W)`` and captions ``ids``/``mask (N, pos)`` encoded un-augmented in chunks, each image
+    re-matched over all N captions. Returns ``index (N,)`` into the captions, their features ``txt`` and the OT
+    diagnostics ``err``/``conv (N, k)``."""
+    c, dev = cfg, device
+    imgs = [model.encode_image(to_input(images[s : s + chunk]).to(dev)) for s in range(0, len(ids), chunk)]
+    txts = [
+        model.encode_text(ids[s : s + chunk].to(dev), mask[s : s + chunk].to(dev))
+        for s in range(0, len(ids), chunk)
+    ]
+    g = torch.cat([t.global_ for t in txts])
+    tokens, pool_mask = torch.cat([t.tokens for t in txts]), torch.cat([t.mask for t in txts])
+    index, err, conv = [], [], []
+    for s, img in zip(range(0, len(ids), chunk), imgs):
+        own = torch.arange(s, s + len(img.global_), device=dev) if c.include_own else None
+        m = otc_rematch(
+            img.global_,
+            img.patches,
+            g,
+            tokens,
+            pool_mask,
+            c.top_k,
+            c.alpha,
+            c.ot,
+            own_index=own,
+            margin=c.keep_margin,
+        )
+        index.append(m.index)
+        err.append(m.marginal_error)
+        conv.append(m.converged)
+    return {
+        "index": torch.cat(index),
+        "txt": TextFeatures(g, tokens, pool_mask),
+        "err": torch.cat(err),
+        "conv": torch.cat(conv),
+    }

@@ -1,0 +1,239 @@
+"""Streamed image-caption sources: webdataset-layout shards or a CSV/TSV/JSONL table of (image path, caption),
+read item by item (by DataLoader workers, :mod:`..training.slots`), never all in RAM [ours].
+
+A source yields ``(name, image bytes or path, caption, metadata)`` for its slot's share: a shard source gives
+slot ``s`` the shards ``order[s::slots]`` (``order`` permuted per epoch with ``shuffle``), a table gives it rows
+``i`` with ``i % slots == s``. Unreadable shards and unparsable rows are skipped and counted per reason.
+A new format (e.g. ``webdataset.WebDataset`` pipelines) is a new source class with the same methods.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from reprlab.errors import ConfigError, DataError, DataFileMissingError
+from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.datasets import CAPTION_COLS, IMAGE_COLS
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+
+
+class ShardSource:
+    """Webdataset-layout shards (a folder, one ``.tar`` or a list)."""
+
+    def __init__(self, source: str | Path | list):
+        self.shards = sh.shard_paths(source) if isinstance(source, str | Path) else [Path(p) for p in source]
+        self.name = str(source)
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def items(
+        self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter, cycle: int = 0
+    ):
+        """``(name, image bytes, caption, metadata)`` of the slot's shards; unreadable members are counted.
+        ``cycle``: the pass over a cycled clean source (0 = the epoch's first, whose order is the usual one)."""
+        order = list(range(len(self.shards)))
+        if shuffle:
+            key = [seed, epoch] if cycle == 0 else [seed, epoch, cycle]
+            order = np.random.default_rng(key).permutation(order).tolist()
+        for i in order[slot::slots]:
+            path = self.shards[i]
+            try:
+                for key, parts in sh.read_members(path):
+                    try:
+                        image, caption, meta = sh.split_sample(parts)
+                    except UnicodeDecodeError:
+                        skip["non_utf8"] += 1
+                        continue
+                    except ValueError:
+                        skip["bad_row"] += 1
+                        continue
+                    yield f"{path.name}:{key}", image, caption, meta
+            except (OSError, EOFError, sh.tarfile.TarError):
+                skip["unreadable_shard"] += 1
+
+    def manifest(self) -> dict | None:
+        """manifest.json of the shards' folder when it lists exactly these shards, else ``None``."""
+        path = self.shards[0].parent / sh.MANIFEST
+        if path.exists():
+            m = json.loads(path.read_text())
+            if sorted(m.get("shards", [])) == sorted(p.name for p in self.shards):
+                return m
+        return None
+
+    def count(self) -> int:
+        """Samples in the shards: manifest.json's count when present, else one pass over the members."""
+        if (m := self.manifest()) is not None:
+            return int(m["n_samples"])
+        return sum(1 for p in self.shards for _ in sh.read_members(p))
+
+    def n_poisoned(self) -> int:
+        """Samples whose provenance (``kind`` != 0 in the ``.json`` member) says poisoned: manifest.json's
+        ``n_poisoned`` when present, else one pass over the members (no image decoded)."""
+        if (m := self.manifest()) is not None and "n_poisoned" in m:
+            return int(m["n_poisoned"])
+        n = 0
+        for _, _, _, meta in self.items(0, 1, 0, 0, False, Counter()):
+            n += int(meta.get("kind", 0)) != 0
+        return n
+
+    def captions(self, limit: int) -> list[str]:
+        out: list[str] = []
+        for _, _, caption, _ in self.items(0, 1, 0, 0, False, Counter()):
+            if caption:
+                out.append(caption)
+            if len(out) >= limit:
+                break
+        return out
+
+
+class TableSource:
+    """A CSV/TSV/JSONL of (image path, caption), read line by line (image paths relative to ``root``)."""
+
+    def __init__(self, path: str | Path, root: str | Path | None = None):
+        self.path = Path(path)
+        self.root = Path(root) if root else self.path.parent
+        self.name = str(path)
+        self.delim = "\t" if self.path.suffix == ".tsv" else ","
+        self.cols = self._header() if self.path.suffix != ".jsonl" else None
+
+    def __len__(self) -> int:
+        return 1
+
+    def _header(self) -> tuple[int, int]:
+        with open(self.path, "rb") as f:
+            line = f.readline().removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
+        if not line.strip():
+            raise DataError(
+                f"{self.path}: empty file; expected a header line with an image and a caption column"
+            )
+        header = [h.strip() for h in next(csv.reader([line], delimiter=self.delim))]
+        img = next((header.index(c) for c in IMAGE_COLS if c in header), None)
+        cap = next((header.index(c) for c in CAPTION_COLS if c in header), None)
+        if img is None or cap is None:
+            raise DataError(
+                f"{self.path}: no {'image' if img is None else 'caption'} column in the header {header}; expected "
+                f"one of {list(IMAGE_COLS)} for the image path and one of {list(CAPTION_COLS)} for the caption"
+            )
+        return img, cap
+
+    def _rows(self, skip: Counter):
+        """``(row number, image path or None, caption or None)`` of every data row."""
+        big = csv.field_size_limit()
+        csv.field_size_limit(2**31 - 1)  # over-long captions are counted below, not a csv.Error
+        try:
+            with open(self.path, "rb") as f:
+                if self.cols is not None:
+                    f.readline()
+                for n, raw in enumerate(f):
+                    try:
+                        line = raw.decode("utf-8").rstrip("\r\n")
+                    except UnicodeDecodeError:
+                        skip["non_utf8"] += 1
+                        continue
+                    if not line.strip():
+                        continue
+                    if self.cols is None:
+                        try:
+                            obj = json.loads(line)
+                        except ValueError:
+                            skip["bad_row"] += 1
+                            continue
+                        if not isinstance(obj, dict):
+                            skip["bad_row"] += 1
+                            continue
+                        path = next((str(obj[k]) for k in IMAGE_COLS if obj.get(k) is not None), None)
+                        cap = next((str(obj[k]) for k in CAPTION_COLS if obj.get(k) is not None), None)
+                        yield n, path, cap
+                        continue
+                    try:
+                        fields = next(csv.reader([line], delimiter=self.delim))
+                    except csv.Error:
+                        skip["bad_row"] += 1
+                        continue
+                    if len(fields) <= max(self.cols):
+                        skip["short_row"] += 1
+                        continue
+                    yield n, fields[self.cols[0]], fields[self.cols[1]]
+        finally:
+            csv.field_size_limit(big)
+
+    def items(
+        self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter, cycle: int = 0
+    ):
+        """Rows ``i % slots == slot`` in file order (a table has no shard order: ``shuffle``/``cycle`` unused)."""
+        for n, path, cap in self._rows(skip if slot == 0 else Counter()):  # row-level skips counted once
+            if n % slots != slot:
+                continue
+            if path is None or not path.strip():
+                skip["missing_image_path"] += 1
+                continue
+            yield f"{self.path.name}:{n + 1}", self.root / path, cap, {"index": n}
+
+    def count(self) -> int:
+        return sum(1 for _ in self._rows(Counter()))
+
+    def n_poisoned(self) -> int:
+        """A table carries no provenance: nothing is known to be poisoned."""
+        return 0
+
+    def captions(self, limit: int) -> list[str]:
+        out: list[str] = []
+        for _, _, cap in self._rows(Counter()):
+            if cap and cap.strip():
+                out.append(cap)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def open_source(source: str | Path, image_root: str = "", key: str = "stream.source"):
+    """A :class:`ShardSource` or :class:`TableSource` for ``source``.
+
+    Raises:
+        DataFileMissingError: ``source`` does not exist (the message names ``key``). DataError: not a table,
+        a ``.tar`` or a folder of them.
+    """
+    path = Path(source)
+    if not str(source):
+        raise ConfigError(
+            f"{key} is empty: give a folder of .tar shards or a CSV/TSV/JSONL of (image, caption)"
+        )
+    if not path.exists():
+        raise DataFileMissingError(
+            f"{key}: {path} does not exist",
+            hint="point it at a folder of webdataset .tar shards (e.g. written by img2dataset or "
+            "`reprlab otcclip make-shards`) or at a CSV/TSV/JSONL of (image path, caption)",
+        )
+    if path.suffix in TABLE_SUFFIXES:
+        return TableSource(path, image_root or None)
+    if path.is_dir() or path.suffix == ".tar":
+        try:
+            return ShardSource(path)
+        except FileNotFoundError as err:
+            raise DataFileMissingError(f"{key}: {err}") from err
+    raise DataError(f"{key}: {path} is not a .tar shard, a folder of them or a .csv/.tsv/.jsonl table")
+
+
+def check_clean_source(source, key: str = "stream.clean_source") -> None:
+    """Refuse a clean fine-tuning source whose provenance says it holds poisoned items (as the in-memory trainer
+    refuses a clean set with poisoned pairs); a source without provenance (a table, shards without ``kind``)
+    passes.
+
+    Raises:
+        DataError: naming ``key``, the source and the poisoned count.
+    """
+    n = source.n_poisoned()
+    if n:
+        raise DataError(
+            f"{key}: {source.name} holds {n} poisoned items (provenance kind != 0); a clean fine-tuning set "
+            "must be clean",
+            hint="write one with `reprlab otcclip make-shards OUT --clean-finetune-pairs N` or point "
+            f"{key} at data you know to be clean",
+        )

@@ -1,0 +1,66 @@
+"""The model of a finished run: what a run saves of its tokenizer, and the model, tokenizer and config rebuilt
+from its folder (the audit; evaluating a run's checkpoints or exporting them starts here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from reprlab.config import load_config
+from reprlab.methods.otcclip.config import Config
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
+from reprlab.runs import Run
+from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
+
+
+def save_tokenizer(run: Run, tok) -> None:
+    """``artifacts/tokenizer.json``: our word tokenizer's vocabulary, or what identifies open_clip's tokenizer (the
+    audit rebuilds a run's tokenizer from it, :func:`run_tokenizer`); a Hugging Face tokenizer is its
+    ``model.tokenizer`` folder and saves nothing."""
+    if run.is_main and hasattr(tok, "save"):
+        (run.dir / "artifacts").mkdir(parents=True, exist_ok=True)
+        tok.save(run.dir / "artifacts" / "tokenizer.json")
+
+
+def load_run_model(run_dir: Path, defense: str = "otcclip"):
+    """Rebuild the model an ``otcclip-*`` run trained (the arch its resolved config names: ``tiny``, ``hf_clip``
+    or ``open_clip:<name>``, through ``build_model``), its tokenizer (:func:`run_tokenizer`) and checkpoint.
+
+    Raises:
+        ModelNotAvailableError: ``open_clip:<name>`` where open-clip-torch does not import.
+    """
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path} not found: is {run_dir} an otcclip run folder?")
+    cfg = load_config(Config, yaml.safe_load(cfg_path.read_text()))
+    ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
+    channels = 3 if cfg.data.tint else 1
+    if cfg.model.arch.startswith("open_clip:"):
+        # first: without open_clip, the clean ModelNotAvailableError
+        model = build_model(cfg.model, 0, channels)
+        tok = run_tokenizer(cfg, run_dir)
+    else:
+        tok = run_tokenizer(cfg, run_dir)
+        model = build_model(cfg.model, len(tok), channels)
+    load_checkpoint_dir(ckpts[-1], {"model": model}, None, restore_rng=False)  # bank/state are not needed
+    return model, tok, cfg
+
+
+def run_tokenizer(cfg, run_dir: Path):
+    """The tokenizer a run trained with: open_clip's own for ``open_clip:<name>``; the word tokenizer the run
+    saved (``artifacts/tokenizer.json``, a vocabulary list); else (an ``hf_clip`` run with ``model.tokenizer``,
+    which saves none) the Hugging Face tokenizer of that folder."""
+    tok_path = Path(run_dir) / "artifacts" / "tokenizer.json"
+    if cfg.model.arch.startswith("open_clip:"):
+        return build_tokenizer(cfg.model)
+    if tok_path.exists():
+        return WordTokenizer.load(tok_path)
+    if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
+        return build_tokenizer(cfg.model)
+    raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")

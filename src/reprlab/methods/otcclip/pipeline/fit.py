@@ -1,0 +1,90 @@
+"""One defense's stage of a run: build the model from the shared seed, train it epoch by epoch (checkpointed
+under the defense's tag, so ``--resume`` continues where a run stopped), evaluate, and return its metrics and
+re-assigned-caption examples. The in-memory and the streamed trainers share the epoch loop (:func:`fit`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reprlab.methods.otcclip.config import Config
+from reprlab.methods.otcclip.data.testbed import Testbed
+from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation.testbed import evaluate_testbed
+from reprlab.methods.otcclip.models.build import build_model
+from reprlab.methods.otcclip.training.stream import StreamTrainer
+from reprlab.methods.otcclip.training.trainer import Trainer
+from reprlab.runs import Run
+
+
+def fit(defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bool = False) -> dict:
+    """The epoch loop both trainers share: resume from the defense's last epoch checkpoint, train, evaluate each
+    epoch on ``bed`` (skipped when it is ``None``: user data without our testbed), checkpoint; then the final
+    metrics plus the last re-matching / split diagnostics."""
+    start, history = 0, []
+    if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
+        start, extra = state
+        history, trainer.examples = extra["history"], extra["examples"]
+    for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
+        stats = trainer.run_epoch(epoch)
+        if bed is not None:
+            stats.update(evaluate_testbed(model, tok, bed, cfg, probe=False))
+        history.append(stats)
+        run.log(epoch, defense=defense, **stats)
+        run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
+        run.save_checkpoint(
+            epoch + 1,
+            trainer.modules(),
+            trainer.optimizers(),
+            extra={"history": history, "examples": trainer.examples},
+            tag=defense,
+        )
+    final = evaluate_testbed(model, tok, bed, cfg, probe=True) if bed is not None else {}
+    if final_loss:
+        final["final_loss"] = history[-1]["loss"] if history else float("nan")
+    matches = [h for h in history if "rematch_poison_moved" in h]
+    if matches:
+        final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
+        final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
+    splits = [h for h in history if "poison_in_risky" in h]
+    if splits:
+        final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
+    return final
+
+
+def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer, dist=None) -> dict:
+    """Train and evaluate one defense, resuming from its last epoch checkpoint; under torchrun ``dist`` splits
+    every global batch across the ranks."""
+    torch.manual_seed(cfg.seed)  # same initial weights for every defense
+    channels = bed.pairs.images.shape[1]
+    model = build_model(cfg.model, len(tok), channels).to(run.device)
+    trainer = Trainer(
+        model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist, clean=bed.clean
+    )
+    final = fit(defense, cfg, run, trainer, model, tok, bed)
+    examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
+    return {"metrics": final, "examples": examples}
+
+
+def train_defense_stream(
+    defense, cfg: Config, run: Run, bed, tok, source, n_samples, channels, dist, clean_source=None
+) -> dict:
+    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it;
+    ``clean_source``: CleanCLIP's clean fine-tuning stream (``stream.clean_source`` or the written clean set)."""
+    torch.manual_seed(cfg.seed)  # same initial weights for every defense
+    model = build_model(cfg.model, len(tok), channels).to(run.device)
+    trainer = StreamTrainer(
+        model,
+        source,
+        tok,
+        defense,
+        cfg.train,
+        cfg.defense,
+        cfg.seed,
+        cfg.stream,
+        n_samples,
+        dist=dist,
+        clean=clean_source,
+    )
+    final = fit(defense, cfg, run, trainer, model, tok, bed, final_loss=True)
+    return {"metrics": final, "examples": trainer.examples}

@@ -1,0 +1,54 @@
+"""Checks a run passes before its run folder exists (the recipe's ``preflight``), and the two facts of a
+config that choose the run's path: whether it streams, and whether a defense trains on a clean set.
+"""
+
+from __future__ import annotations
+
+from reprlab.errors import ConfigError
+from reprlab.methods.otcclip.config import Config, whole_set_options
+from reprlab.methods.otcclip.data.sources import check_clean_source, open_source
+from reprlab.methods.otcclip.defenses import REGISTRY
+from reprlab.methods.otcclip.models.build import build_model
+
+
+def streaming(cfg: Config) -> bool:
+    """Whether the run trains from a stream (``stream.source`` or ``stream.write_shards``)."""
+    return bool(cfg.stream.source) or cfg.stream.write_shards
+
+
+def trains_on_clean(cfg: Config) -> bool:
+    """Whether a defense of the run fine-tunes on a clean set (has ``clean_phases``: CleanCLIP)."""
+    return any(REGISTRY[d].clean_phases for d in cfg.defenses if d in REGISTRY)
+
+
+def preflight(cfg: Config) -> None:
+    """Checks before a run folder exists: the stream's source exists and is readable data, the options suit the
+    trainer, the model's architecture is available, and a clean source a defense trains on holds no item whose
+    provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
+    decoded)."""
+    if cfg.stream.source and cfg.stream.write_shards:
+        raise ConfigError("give stream.source or stream.write_shards, not both")
+    sc = cfg.stream
+    if sc.clean_source and not streaming(cfg):
+        raise ConfigError(
+            "stream.clean_source needs a stream (stream.source or stream.write_shards); the in-memory testbed's "
+            "clean fine-tuning set is data.clean_finetune_pairs"
+        )
+    d = cfg.defense
+    if streaming(cfg) and "otcclip" in cfg.defenses and (opts := whole_set_options(d)):
+        raise ConfigError(f"{', '.join(opts)} works with the in-memory trainer only, not with a stream")
+    if cfg.data.testbed == "none" and not cfg.stream.source:
+        raise ConfigError(
+            "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "
+            "of webdataset .tar shards (e.g. CC3M written by img2dataset) or a CSV/TSV/JSONL of (image, caption)"
+        )
+    if cfg.stream.source:
+        open_source(cfg.stream.source, cfg.stream.image_root)
+    if sc.clean_source:
+        clean = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+        if trains_on_clean(cfg):
+            check_clean_source(clean)  # only where a defense will train on it
+    if cfg.model.arch.startswith("open_clip:"):
+        build_model(cfg.model, 2)  # raises ModelNotAvailableError saying why
+    elif cfg.model.arch not in ("tiny", "hf_clip"):
+        raise ConfigError(f"model.arch {cfg.model.arch!r} is not 'tiny', 'hf_clip' or 'open_clip:<name>'")

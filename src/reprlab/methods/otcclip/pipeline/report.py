@@ -1,0 +1,178 @@
+"""The run report's OTCCLIP sections (the recipe's ``report_sections``), built from the files a run saved only:
+``analysis/results.json``, ``analysis/data.json``, ``metrics.jsonl``, ``analysis/audit.json`` and the
+re-assigned-caption examples.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
+from reprlab.report import Section
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def report_sections(run_dir: Path) -> list[Section]:
+    """Table, plots and notes of the comparison, from the saved files of ``run_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    results = json.loads((run_dir / "analysis" / "results.json").read_text())
+    data = json.loads((run_dir / "analysis" / "data.json").read_text())
+    defenses = list(results)
+    metrics = (
+        "zeroshot_acc",
+        "linear_probe_acc",
+        "asr_targeted",
+        "asr_backdoor",
+        "rematch_poison_moved",
+        "rematch_clean_kept",
+    )
+    rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
+    sections = []
+    gate = results.get("none", {})
+    notes = (
+        []
+        if "n_clean" not in data
+        else [
+            f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with generated "
+            "compositional captions, "
+            f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
+            f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
+            + (
+                "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
+                if data.get("testbed", "fashion_mnist") == "fashion_mnist"
+                else "GENERATED shapes data (not real images)."
+            ),
+            "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
+            "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
+            "kept on a same-content caption, in the last matching epoch [ours].",
+        ]
+    )
+    if data.get("streamed"):
+        notes.insert(
+            0,
+            f"Streamed training data [ours]: {data['n_pairs']} pairs from {data['source']} ({data['slots']} slots, "
+            f"{data['num_workers']} DataLoader workers per rank, windows of {data['window_batches']} global batches: "
+            "shuffling and SafeCLIP-style splits work per window).",
+        )
+    if gate and "asr_targeted" in gate:
+        attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
+        notes.append(
+            f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
+            f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
+            f"zero-shot {gate['zeroshot_acc']:.2f}."
+        )
+    sections.append(
+        Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows)
+    )
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    x = np.arange(len(defenses))
+    for ax, keys, title in (
+        (axes[0], ("asr_targeted", "asr_backdoor"), "attack success rate"),
+        (axes[1], ("zeroshot_acc", "linear_probe_acc"), "clean accuracy"),
+    ):
+        for j, k in enumerate(keys):
+            ax.bar(x + (j - 0.5) * 0.38, [results[d].get(k, np.nan) for d in defenses], 0.38, label=k)
+        ax.set_xticks(x, defenses)
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    sections.append(Section("ASR and accuracy per defense", figure=fig))
+
+    log = _read_jsonl(run_dir / "metrics.jsonl")
+    ot_rows = [
+        {
+            "defense": r["defense"],
+            "epoch": r["epoch"],
+            "max marginal error": r["ot_max_marginal_error"],
+            "converged share": r["ot_converged_share"],
+        }
+        for r in log
+        if "ot_max_marginal_error" in r
+    ]
+    if ot_rows:
+        sections.append(
+            Section(
+                "Re-matching OT convergence",
+                "Largest L1 marginal error of the re-matching OT solves per matching epoch, and the share of solves "
+                "within defense.ot.match_tol (null tolerance: judged against 1e-4). Above tolerance the trainer "
+                "warns; the ranking of candidates can then depend on solver error.",
+                table=ot_rows,
+            )
+        )
+    if log:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+        for d in defenses:
+            pts = [r for r in log if r.get("defense") == d]
+            for ax, k in zip(axes, ("zeroshot_acc", "asr_targeted", "asr_backdoor")):
+                ax.plot([r["epoch"] for r in pts], [r.get(k, np.nan) for r in pts], marker="o", ms=3, label=d)
+                ax.set_title(k)
+                ax.set_xlabel("epoch")
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        sections.append(
+            Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig)
+        )
+
+    audit_path = run_dir / "analysis" / "audit.json"
+    if audit_path.exists():
+        a = json.loads(audit_path.read_text())
+        sections.append(
+            Section(
+                "Audit of the poisoned training set [ours, beyond the paper]",
+                f"`reprlab otcclip audit` with the model trained under '{a['model']}': a pair is flagged when "
+                "another caption beats its own under S = alpha cos - (1 - alpha) OT distance. Poisons = targeted + "
+                "backdoor pairs. Full ranking: audit/flagged.csv, thumbnails: audit/audit.html.",
+                table=[
+                    {
+                        "flagged": a["n_flagged"],
+                        "precision": a["precision"],
+                        "recall": a["recall"],
+                        "precision@#poisons": a["precision_at_n_poison"],
+                    }
+                ],
+            )
+        )
+
+    for d in ("otcclip", "roclip"):
+        path = run_dir / "analysis" / f"examples_{d}.json"
+        examples = json.loads(path.read_text()) if path.exists() else []
+        if not examples:
+            continue
+        fig, axes = plt.subplots(1, len(examples), figsize=(2.4 * len(examples), 3.2), squeeze=False)
+        for ax, e in zip(axes[0], examples):
+            img = np.asarray(e["image"], dtype=np.uint8).transpose(1, 2, 0)
+            ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray")
+            ax.axis("off")
+            tag = {0: "clean", TARGETED: "targeted", BACKDOOR: "backdoor"}[e["kind"]]
+            ax.set_title(
+                f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=5.5
+            )
+        fig.tight_layout()
+        sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
+    return sections
+
+
+def _wrap(text: str, width: int = 34) -> str:
+    out, line = [], ""
+    for w in text.split():
+        if len(line) + len(w) + 1 > width:
+            out.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    return "\n".join([*out, line])
