@@ -8,7 +8,7 @@ default marked [ours] in ``config.py``. See ``shared/papers/crl-safety.md``.
 
 Stages (each resumable): ``generate`` (base replies, never committed) -> ``eval_base`` -> refusal training
 (checkpoint tag ``sft``) -> ``eval_refusal`` -> for rr, crl, crl_adv: training (tag = kind) -> ``eval_<kind>``.
-Each trained stage's adapter is also written as a peft folder, ``adapters/<stage>/`` (``export.py``).
+Each trained stage's adapter is also written as a peft folder, ``adapters/<stage>/`` (``adapters.py``).
 Each defense is a fresh LoRA on top of the merged stage-0 model, whose adapters-disabled self is the frozen
 reference.
 """
@@ -377,7 +377,7 @@ def run(cfg: Config, run) -> dict:
         results["base"] = do_eval("base", ref)
     later = [m for m in cfg.models if m != "base"]
     if any(not run.has(f"stages/eval_{m}.json") for m in later):
-        from reprlab.methods.crl_safety.export import lora_part, save_stage_adapter
+        from reprlab.methods.crl_safety.adapters import lora_part, save_stage_adapter
         from reprlab.methods.crl_safety.trainer import Trainer
         from reprlab.models.lora import add_lora
 
@@ -389,7 +389,7 @@ def run(cfg: Config, run) -> dict:
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
         info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
-        sft_part = lora_part(peft, "refusal")  # every stage's adapter folder stacks it (export.py)
+        sft_part = lora_part(peft, "refusal")  # every stage's adapter folder stacks it (adapters.py)
         save_stage_adapter(run, "refusal", [sft_part], cfg.model)
         run.stage("train_refusal", lambda: info)
         if "refusal" in cfg.models:
