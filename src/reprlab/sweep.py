@@ -26,7 +26,7 @@ from reprlab.results.aggregate import (
 )
 from reprlab.results.claims import Claim, claim_summary_keys, claims_table, evaluate_claims
 from reprlab.runs import faults
-from reprlab.runs.atomic import atomic_write_json, read_json
+from reprlab.runs.atomic import atomic_write_json, read_json, remove_temporaries
 from reprlab.runs.folder import FolderState, Replacement, folder_state, is_finished
 from reprlab.runs.lock import RunLock
 
@@ -145,6 +145,7 @@ def run_sweep(
     try:
         out.mkdir(parents=True, exist_ok=True)
         with RunLock.acquire(out):
+            remove_temporaries(out, recursive=False)  # of an aggregate write a kill interrupted
             atomic_write_json(out / "sweep.json", {**marker, "seeds": list(seeds), "launcher": launcher})
             plan = _plan(out, seeds, cfgs, resume)
             failures = _launch(
@@ -286,6 +287,7 @@ def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:
         log.warning("recipe %s is not installed here; aggregating without its claims", runs[0].recipe)
         claims = ()
     with RunLock.acquire(out):
+        remove_temporaries(out, recursive=False)
         if not (out / "sweep.json").exists():
             atomic_write_json(out / "sweep.json", {"recipe": runs[0].recipe, "aggregated_from": [str(p) for p in
                                                                                                folders]})  # fmt: skip

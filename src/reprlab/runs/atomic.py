@@ -36,6 +36,14 @@ def dir_mode() -> int:
 TMP_SUFFIX = ".tmp"  # temporary siblings are ``.<name>.<random>.tmp``; a resume removes leftovers
 
 
+def remove_temporaries(folder: Path | str, recursive: bool = True) -> None:
+    """Delete the temporary siblings killed writers left in ``folder`` (call only under its writer lock)."""
+    folder = Path(folder)
+    for tmp in folder.rglob(f".*{TMP_SUFFIX}") if recursive else folder.glob(f".*{TMP_SUFFIX}"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
 def write_error(err: OSError, path: Path | str, what: str = "") -> WriteError:
     """The user-facing form of an ``OSError`` met while writing ``path`` (full disk, read-only, permission)."""
     if isinstance(err, WriteError):

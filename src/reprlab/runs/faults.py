@@ -117,3 +117,9 @@ def file_op(verb: str, target: Path | str, fn: Callable[[], T]) -> T:
 def point(verb: str, target: Path | str) -> None:
     """A place where nothing is written but a test may want to pause or stop (e.g. before a rename)."""
     file_op(verb, target, lambda: None)
+
+
+def reset() -> None:
+    """Forget the operations counted so far (tests that set the same spec twice in one process)."""
+    _counts.clear()
+    _pauses[0] = 0

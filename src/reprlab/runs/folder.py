@@ -69,6 +69,7 @@ def check_out_folder(run_dir: Path, resume: bool, overwrite: bool) -> FolderStat
     """Refuse every ``--out``/``--resume``/``--overwrite`` combination that would lose or mix results."""
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite contradict each other; pass one of them")
+    refuse_if_being_written(run_dir)  # first: a live writer's folder may look empty or unfinished
     state = folder_state(run_dir)
     if resume:
         if state is FolderState.MISSING:
@@ -81,7 +82,6 @@ def check_out_folder(run_dir: Path, resume: bool, overwrite: bool) -> FolderStat
                 hint="point --out at the folder of the run to continue",
             )
     elif state is FolderState.RUN and not overwrite:
-        refuse_if_being_written(run_dir)
         what = "a finished run" if is_finished(run_dir) else "an unfinished run"
         raise RunFolderError(
             f"{run_dir} already holds {what}",

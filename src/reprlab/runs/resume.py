@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from reprlab.errors import CheckpointError, ConfigError
-from reprlab.runs.atomic import TMP_SUFFIX, read_json
+from reprlab.runs.atomic import read_json, remove_temporaries
 from reprlab.runs.checkpoint import (
     TMP_PREFIX,
     TRASH_PREFIX,
@@ -47,9 +47,7 @@ def clean_leftovers(run_dir: Path) -> None:
 
     Only called under the run folder's lock, so no live writer owns them.
     """
-    for tmp in run_dir.rglob(f".*{TMP_SUFFIX}"):
-        if tmp.is_file():
-            tmp.unlink(missing_ok=True)
+    remove_temporaries(run_dir)
     for tag in tag_dirs(run_dir):
         for d in [*tag.glob(f"{TMP_PREFIX}*"), *tag.glob(f"{TRASH_PREFIX}*")]:
             shutil.rmtree(d, ignore_errors=True)

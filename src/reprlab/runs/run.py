@@ -51,7 +51,6 @@ from reprlab.runs.folder import (
     check_out_folder,
     leftovers_of_overwrite,
     refuse_if_being_replaced,
-    refuse_if_being_written,
 )
 from reprlab.runs.lock import RunLock
 from reprlab.runs.resume import prepare_resume
@@ -127,8 +126,7 @@ class Run:
             return cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
         if resume_from and not resume:
             raise RunFolderError("--resume-from needs --resume")
-        state = check_out_folder(run_dir, resume=resume, overwrite=overwrite)
-        refuse_if_being_written(run_dir)
+        state = check_out_folder(run_dir, resume=resume, overwrite=overwrite)  # refuses a live writer's folder
         for old in leftovers_of_overwrite(run_dir):
             logging.getLogger("reprlab").warning(
                 "%s holds the results an interrupted --overwrite of %s set aside; delete it when not needed",

@@ -55,7 +55,7 @@ def _summary(run_dir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, one_thread):
     """An uninterrupted run and one killed after step 15 (its newest checkpoint: step 10)."""
     root = tmp_path_factory.mktemp("ckpt")
     full = execute("smoke-digits", FAST, root / "full", quiet=True)
