@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -92,13 +92,28 @@ def open_image_bounded(
     return im
 
 
-def iter_lines(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
+OnError = Callable[[DataError], None]
+
+
+def _fail(err: DataError, on_error: OnError | None) -> None:
+    if on_error is None:
+        raise err
+    on_error(err)
+
+
+def iter_lines(
+    path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, on_error: OnError | None = None
+) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` for each line of a UTF-8 file, split on ``\\n`` only (``\\r\\n`` too).
+
+    Args:
+        on_error: called with the :class:`DataError` of a bad line, which is then skipped (a reader that
+            counts and skips bad rows); by default the error is raised.
 
     Raises:
         DataFileMissingError: no such file.
-        DataError: a line longer than ``max_line_bytes`` (found after reading that many bytes), or bytes
-            that are not UTF-8; both name ``path:line``.
+        DataError: a line longer than ``max_line_bytes`` (found after reading that many bytes, and skipped
+            without being held in memory), or bytes that are not UTF-8; both name ``path:line``.
     """
     path = Path(path)
     if not path.is_file():
@@ -113,17 +128,21 @@ def iter_lines(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -
             body = raw[:-1] if raw.endswith(b"\n") else raw
             body = body[:-1] if body.endswith(b"\r") else body
             if len(body) > max_line_bytes:
-                raise DataError(
-                    f"{path}:{lineno}: line longer than {max_line_bytes:,} bytes (the limit for one line)",
-                    hint="split the record, or check that the file is the JSONL you meant",
-                )
+                while raw and not raw.endswith(b"\n"):  # the rest of the line, a bounded chunk at a time
+                    raw = fh.readline(max_line_bytes)
+                _fail(DataError(f"{path}:{lineno}: line longer than {max_line_bytes:,} bytes (the limit for one "
+                                "line)", hint="split the record, or check that the file is the JSONL you meant"),
+                      on_error)  # fmt: skip
+                continue
             if lineno == 1 and body.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
                 body = body[3:]
             try:
-                yield lineno, body.decode("utf-8")
+                text = body.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not UTF-8 ({err.reason} at byte {err.start} of the line)",
-                                hint="save the file as UTF-8") from None  # fmt: skip
+                _fail(DataError(f"{path}:{lineno}: not UTF-8 ({err.reason} at byte {err.start} of the line)",
+                                hint="save the file as UTF-8"), on_error)  # fmt: skip
+                continue
+            yield lineno, text
 
 
 def parse_json_line(text: str, where: str) -> Any:
@@ -137,18 +156,29 @@ def parse_json_line(text: str, where: str) -> Any:
 
 
 def iter_jsonl(
-    path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, skip_blank: bool = True
+    path: str | Path,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    skip_blank: bool = True,
+    on_error: OnError | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for each JSON line of ``path``; see :func:`iter_lines` for the limits.
+
+    Args:
+        on_error: as for :func:`iter_lines`; a line that is not JSON is reported and skipped too.
 
     Raises:
         DataError: an over-long line, bytes that are not UTF-8, or a line that is not JSON, naming
             ``path:line``.
     """
-    for lineno, text in iter_lines(path, max_line_bytes):
+    for lineno, text in iter_lines(path, max_line_bytes, on_error):
         if skip_blank and not text.strip():
             continue
-        yield lineno, parse_json_line(text, f"{path}:{lineno}")
+        try:
+            value = parse_json_line(text, f"{path}:{lineno}")
+        except DataError as err:
+            _fail(err, on_error)
+            continue
+        yield lineno, value
 
 
 def check_text_length(text: str, max_chars: int, where: str, what: str = "text") -> str:

@@ -132,6 +132,8 @@ def convert_run(run_dir: Path, trust: bool = False) -> list[Path]:
     done: list[Path] = []
     runs = [run_dir] if (run_dir / "checkpoints").is_dir() else sorted(run_dir.glob("seed-*"))
     for run in runs:
+        if not (run / "checkpoints").is_dir():
+            continue
         with RunLock.acquire(run):  # nobody may be resuming it meanwhile
             for tag in sorted((run / "checkpoints").iterdir()):
                 for ckpt in list_checkpoints(tag) if tag.is_dir() else []:

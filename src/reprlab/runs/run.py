@@ -126,9 +126,8 @@ class Run:
             return cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
         if resume_from and not resume:
             raise RunFolderError("--resume-from needs --resume")
-        state = check_out_folder(
-            run_dir, resume=resume, overwrite=overwrite
-        )  # refuses a live writer's folder
+        # refuses a folder a live process writes or replaces, and every flag combination that loses results
+        state = check_out_folder(run_dir, resume=resume, overwrite=overwrite)
         for old in leftovers_of_overwrite(run_dir):
             logging.getLogger("reprlab").warning(
                 "%s holds the results an interrupted --overwrite of %s set aside; delete it when not needed",

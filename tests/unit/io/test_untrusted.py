@@ -111,3 +111,15 @@ def test_text_length_limit():
     assert check_text_length("abc", 3, "f:1") == "abc"
     with pytest.raises(DataError, match="f:2: caption of 4 characters, over the limit of 3"):
         check_text_length("abcd", 3, "f:2", "caption")
+
+
+def test_a_reader_that_counts_bad_lines_skips_them_and_goes_on(tmp_path):
+    """on_error: the table readers' skip-and-count policy; an over-long line is skipped in bounded chunks."""
+    p = tmp_path / "mixed.jsonl"
+    p.write_bytes(b'{"a": 1}\n' + b"x" * 5000 + b"\n" + b'{"a": caf\xe9}\n' + b"{bad\n" + b'{"a": 2}')
+    errors = []
+    got = list(iter_jsonl(p, max_line_bytes=100, on_error=errors.append))
+    assert got == [(1, {"a": 1}), (5, {"a": 2})]
+    assert [str(e).split(": ", 1)[1].split(" (")[0] for e in errors] == [
+        "line longer than 100 bytes", "not UTF-8", "not valid JSON"]  # fmt: skip
+    assert [str(e).split(": ", 1)[0] for e in errors] == [f"{p}:2", f"{p}:3", f"{p}:4"]
