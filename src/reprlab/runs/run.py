@@ -53,7 +53,7 @@ from reprlab.runs.folder import (
     refuse_if_being_replaced,
 )
 from reprlab.runs.lock import RunLock
-from reprlab.runs.resume import prepare_resume
+from reprlab.runs.resume import prepare_resume, resolve_resume_from
 
 T = TypeVar("T")
 
@@ -95,6 +95,7 @@ class Run:
         self._lock: RunLock | None = None
         self._replacement: Replacement | None = None
         self._trackers: Any = None
+        self._resume_from: str | None = None  # "<tag>/step_N" of --resume-from, until that tag is loaded
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -123,7 +124,9 @@ class Run:
         rank = int(os.environ.get("RANK", "0"))
         device = resolve_device(getattr(cfg, "device", "auto"))
         if rank != 0:  # rank 0 owns the folder; the others only need to know where it is
-            return cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+            run = cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+            run._resume_from = resume_from
+            return run
         if resume_from and not resume:
             raise RunFolderError("--resume-from needs --resume")
         # refuses a folder a live process writes or replaces, and every flag combination that loses results
@@ -149,6 +152,7 @@ class Run:
                 raise
         run = cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
         run._lock, run._replacement = lock, replacement
+        run._resume_from = resume_from
         try:
             resolved = config_to_dict(cfg)
             previous_env = None
@@ -310,6 +314,10 @@ class Run:
                 previous intact checkpoint (``--resume-from``). There is no silent fallback.
         """
         ckpts = list_checkpoints(self.dir / "checkpoints" / tag)
+        if self._resume_from:  # the named checkpoint itself: other ranks may list before rank 0 has rewound
+            target = resolve_resume_from(self.dir, self._resume_from)
+            if target.parent.name == tag:
+                ckpts, self._resume_from = [target], None
         if not ckpts:
             return None
         step, extra = load_checkpoint_dir(ckpts[-1], modules, optimizers, restore_rng=restore_rng)

@@ -97,3 +97,18 @@ def test_summary_must_be_flat(tmp_path):
     run = Run.create(tmp_path / "r", Cfg(), "test")
     with pytest.raises(TypeError, match="flat"):
         run.write_summary({"a": {"b": 1}})
+
+
+def test_resume_from_on_another_rank_loads_the_named_checkpoint(tmp_path, monkeypatch):
+    """Under torchrun rank 0 sets the later checkpoints aside; a rank that lists first must not pick them."""
+    run = Run.create(tmp_path / "r", Cfg(), "test")
+    model = torch.nn.Linear(2, 2)
+    run.save_checkpoint(1, {"model": model})
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    run.save_checkpoint(2, {"model": model})
+    run.close(success=False)
+    monkeypatch.setenv("RANK", "1")
+    other = Run.create(tmp_path / "r", Cfg(), "test", resume=True, resume_from="train/step_00000001")
+    assert other.load_checkpoint({"model": model})[0] == 1
+    assert other.load_checkpoint({"model": model})[0] == 2  # later loads (evaluation) take the newest again
