@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from reprlab.errors import CheckpointError
+from reprlab.errors import CheckpointError, WriteError
 from reprlab.runs import faults, statefile
 from reprlab.runs.atomic import dir_mode, dumps_json, file_mode, fsync_dir, read_json, write_error
 
@@ -164,8 +164,7 @@ def save_checkpoint_dir(
             previous = list_checkpoints(root)
             kept = f"; the previous checkpoint {previous[-1]} is intact" if previous else ""
             error = write_error(err, final, "checkpoint")
-            error.args = (f"{error}{kept}",)
-            raise error from err
+            raise WriteError(f"{error}{kept}", hint=error.hint) from err
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -135,8 +135,7 @@ def prepare_resume(run_dir: Path, resume_from: str | None, log: logging.Logger) 
     try:
         check_resumable(run_dir)
     except CheckpointError as err:
-        err.args = (f"--resume: {err}",)
-        raise
+        raise CheckpointError(f"--resume: {err}", hint=err.hint) from None
 
 
 __all__ = ["check_resumable", "clean_leftovers", "prepare_resume", "resolve_resume_from", "rewind_to"]
