@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import traceback
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import reprlab
 from reprlab.cli import app
 from reprlab.errors import ReprlabError, RunFolderError, WriteError
 from reprlab.methods.smoke.recipe import Interrupted
@@ -273,6 +275,11 @@ def test_a_read_only_run_folder_is_refused_before_anything_is_written(reference,
             if os.geteuid() == 0:
                 os.setgid(65534)
                 os.setuid(65534)
+                if not all(
+                    os.access(d, os.R_OK | os.X_OK) for d in (Path(reprlab.__file__).parent, sys.prefix)
+                ):
+                    os.write(fd, b"skip\n")  # a checkout only root can read (e.g. under /root)
+                    return
             result = CliRunner().invoke(
                 app, ["run", "smoke-digits", "--out", str(run_dir), "--resume", *FAST]
             )
@@ -280,6 +287,8 @@ def test_a_read_only_run_folder_is_refused_before_anything_is_written(reference,
 
         assert _in_child(resume, {}) == 0
         code, output = out.read_text().split("\n", 1)
+        if code == "skip":
+            pytest.skip("the checkout is not readable by an unprivileged user, which this test runs as")
         assert code == "2" and "Traceback" not in output, output
         assert f"cannot write the lock file {run_dir}/.reprlab.lock: Permission denied" in output
         assert "read-only or not writable" in output
