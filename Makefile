@@ -48,14 +48,19 @@ test: install
 # The numeric tests (numbers compared across code paths, kernels, shapes, dtypes) once more with AVX2 kernels
 # forced: ATen's (ATEN_CPU_CAPABILITY), MKL's (torch's BLAS on x86) and OpenBLAS's (numpy, SciPy). On an
 # AVX-512 machine `make test` runs the AVX-512 kernels and this step the AVX2 ones, so a comparison that holds
-# on one family only fails in CI. About 3 minutes on 2 cores.
+# on one family only fails in CI. About 2 minutes on 2 cores.
 NUMERIC_TESTS := tests/unit/ot tests/unit/interp tests/unit/hooks tests/unit/models tests/unit/results \
 	tests/reference \
 	tests/methods/otcclip/test_matching.py tests/methods/otcclip/test_speed_paths.py \
 	tests/methods/otcclip/test_model_losses.py tests/methods/otcclip/test_defenses.py \
+	tests/methods/otcclip/test_defenses_feedback.py tests/methods/otcclip/test_eval.py \
+	tests/methods/otcclip/test_triggers.py tests/methods/otcclip/test_data.py \
 	tests/methods/crl_safety/test_losses.py tests/methods/crl_safety/test_layers_lora.py \
+	tests/methods/crl_safety/test_attacks.py \
 	tests/methods/norm_ic/test_stats.py tests/methods/norm_ic/test_nulls.py tests/methods/norm_ic/test_compose.py \
-	tests/methods/norm_ic/test_normalize.py tests/methods/reason_to_rote/test_train_eval.py
+	tests/methods/norm_ic/test_normalize.py tests/methods/norm_ic/test_extract.py \
+	tests/methods/norm_ic/test_ic_vocab.py tests/methods/norm_ic/test_truncation.py \
+	tests/methods/reason_to_rote/test_train_eval.py tests/methods/reason_to_rote/test_analysis_nulls.py
 AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 OPENBLAS_CORETYPE=Haswell
 
 test-avx2: install
