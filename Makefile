@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # pip's find-links config here prints a warning per package it looks up; keep errors, drop that noise
 QUIETPIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: install demo test test-slow test-openclip openclip-env bench lint fmt clean
+.PHONY: install demo test test-avx2 test-kernels-default test-slow test-openclip openclip-env bench lint fmt clean
 
 install: $(STAMP) $(FMNIST)
 
@@ -48,6 +48,31 @@ demo: install
 
 test: install
 	$(OFFLINE) REPRLAB_QUIET=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The numeric tests (numbers compared across code paths, kernels, shapes, dtypes) once more with AVX2 kernels
+# forced: ATen's (ATEN_CPU_CAPABILITY), MKL's (torch's BLAS on x86) and OpenBLAS's (numpy, SciPy). On an
+# AVX-512 machine `make test` runs the AVX-512 kernels and this step the AVX2 ones, so a comparison that holds
+# on one family only fails in CI. About 2 minutes on 2 cores.
+NUMERIC_TESTS := tests/unit/ot tests/unit/interp tests/unit/hooks tests/unit/models tests/unit/results \
+	tests/reference \
+	tests/methods/otcclip/test_matching.py tests/methods/otcclip/test_speed_paths.py \
+	tests/methods/otcclip/test_model_losses.py tests/methods/otcclip/test_defenses.py \
+	tests/methods/otcclip/test_defenses_feedback.py tests/methods/otcclip/test_eval.py \
+	tests/methods/otcclip/test_triggers.py tests/methods/otcclip/test_data.py \
+	tests/methods/crl_safety/test_losses.py tests/methods/crl_safety/test_layers_lora.py \
+	tests/methods/crl_safety/test_attacks.py \
+	tests/methods/norm_ic/test_stats.py tests/methods/norm_ic/test_nulls.py tests/methods/norm_ic/test_compose.py \
+	tests/methods/norm_ic/test_normalize.py tests/methods/norm_ic/test_extract.py \
+	tests/methods/norm_ic/test_ic_vocab.py tests/methods/norm_ic/test_truncation.py \
+	tests/methods/reason_to_rote/test_train_eval.py tests/methods/reason_to_rote/test_analysis_nulls.py
+AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 OPENBLAS_CORETYPE=Haswell
+
+test-avx2: install
+	$(OFFLINE) REPRLAB_QUIET=1 $(AVX2) $(PY) -m pytest -q $(NUMERIC_TESTS) $(PYTEST_ARGS)
+
+# The same tests on ATen's scalar (non-vectorised) kernels: another kernel family again, not part of CI
+test-kernels-default: install
+	$(OFFLINE) REPRLAB_QUIET=1 ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(NUMERIC_TESTS) $(PYTEST_ARGS)
 
 test-slow: install
 	$(OFFLINE) REPRLAB_QUIET=1 $(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ Examples::
     reprlab recipes
     reprlab run rote-fda-tiny --out runs/fda train.steps=500
     reprlab run rote-fda-tiny --out runs/fda --resume        # continue an interrupted run
+    reprlab run rote-fda-tiny --out runs/fda --resume-from train/step_00000200  # from an older checkpoint
     reprlab run rote-fda-tiny --seeds 0,1,2 --out runs/fda3  # one run per seed + mean/CI aggregate
     reprlab aggregate runs/fda3                               # rebuild the aggregate from run folders
     reprlab report runs/fda                                   # rebuild report.html/.md from saved files
@@ -110,6 +111,7 @@ def run_cmd(
     overrides: list[str] = typer.Argument(None, help="Config overrides as dotted key=value, e.g. train.lr=3e-4."),
     out: Path = typer.Option(None, "--out", "-o", help="Run folder (default: runs/<recipe>-<time>); a sweep's folder with --seeds."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run (or sweep) in --out from its checkpoints."),
+    resume_from: str = typer.Option(None, "--resume-from", help="Resume from this checkpoint (STAGE/step_N, as a failed --resume names it) instead of the newest; what came after it runs again."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out; the old results are deleted only when the new run finishes."),
     demo: bool = typer.Option(False, "--demo", help="Apply the recipe's short demo overrides first."),
     seeds: str = typer.Option("", "--seeds", help="Run once per seed (0,1,2 or 0-4) into --out/seed-<s>/ and aggregate mean ± 95% CI."),
@@ -120,6 +122,11 @@ def run_cmd(
 ) -> None:  # fmt: skip
     """Run a recipe and write its run folder (config, metrics, checkpoints, summary, claims, report)."""
     _setup_logging(quiet)
+    if resume_from and seeds:
+        from reprlab.errors import ConfigError
+
+        raise ConfigError("--resume-from names one run's checkpoint; resume that seed's folder on its own")
+    resume = resume or bool(resume_from)
     if seeds:
         from reprlab.sweep import parse_seeds, run_sweep
 
@@ -133,7 +140,7 @@ def run_cmd(
 
         raise ConfigError("--launcher and --launcher-opt only apply to a seed sweep (--seeds)")
     run_dir = execute(recipe, overrides or [], out, resume=resume, overwrite=overwrite, quiet=quiet, demo=demo,
-                      track=track)  # fmt: skip
+                      track=track, resume_from=resume_from)  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         typer.echo(f"done: {run_dir}/summary.json, report: {run_dir}/report.html")
 
@@ -229,6 +236,22 @@ def export_cmd(
     outputs = {fmt: path for fmt, path in (("adapter", adapter), ("merged", merged)) if path is not None}
     for fmt, path in export_run(run_dir, stage, outputs).items():
         typer.echo(f"{fmt}: {path}")
+
+
+@app.command("convert-checkpoint")
+@user_errors
+def convert_checkpoint_cmd(
+    run_dir: Path = typer.Argument(..., help="A run folder (or a sweep folder) with old-format checkpoints."),
+    trust: bool = typer.Option(False, "--trust", help="Unpickle in full what the restricted loader refuses. Can run code: only for run folders you made yourself."),
+) -> None:  # fmt: skip
+    """Rewrite checkpoints of older reprlab versions (pickled optim_*.pt, rng.pt) as safetensors + JSON."""
+    from reprlab.runs.convert import convert_run
+
+    _setup_logging(False)
+    done = convert_run(run_dir, trust=trust)
+    typer.echo(
+        f"converted {len(done)} checkpoint(s) in {run_dir}" + ("" if done else " (none was old-format)")
+    )
 
 
 @app.command("demo")

@@ -51,3 +51,11 @@ class RunFolderError(ReprlabError, FileExistsError):
 
 class RunLockedError(RunFolderError):
     """Another live process is writing to this run folder."""
+
+
+class CheckpointError(ReprlabError, ValueError):
+    """A checkpoint that cannot be used: damaged, unverifiable, or in the old pickle format; names the file."""
+
+
+class WriteError(ReprlabError, OSError):
+    """A run folder (or another output) cannot be written: a full disk, a read-only folder, no permission."""

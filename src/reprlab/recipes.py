@@ -62,10 +62,25 @@ class Recipe:
         return load_config(self.module().Config, self.config, overrides)
 
 
+_LOADED: dict[tuple[str, int, int], Recipe] = {}  # (path, mtime_ns, size) -> parsed recipe
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster than pure Python
+
+
 def load_recipe_file(path: Path) -> Recipe:
-    """Parse and validate one recipe YAML; errors name the file."""
+    """Parse and validate one recipe YAML; errors name the file. Unchanged files are parsed once a process."""
+    st = path.stat() if path.is_file() else None
+    key = (str(path), st.st_mtime_ns, st.st_size) if st is not None else None
+    if key is not None and key in _LOADED:
+        return _LOADED[key]
+    recipe = _parse_recipe_file(path)
+    if key is not None:
+        _LOADED[key] = recipe
+    return recipe
+
+
+def _parse_recipe_file(path: Path) -> Recipe:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError as err:
         raise ConfigError(f"recipe file {path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from reprlab.recipes import get_recipe
 from reprlab.results.claims import record_claims
+from reprlab.runs import faults
 
 
 def _default_out(name: str) -> Path:
@@ -29,12 +30,14 @@ def execute(
     quiet: bool = False,
     demo: bool = False,
     track: str | list[str] | tuple[str, ...] | None = None,
+    resume_from: str | None = None,
 ) -> Path:
     """Run a recipe end to end (config → run folder → ``run`` → summary → report); returns the run folder.
 
     Args:
         track: metric trackers fed from the same records as ``metrics.jsonl`` (``tensorboard``, ``wandb``);
             default from ``REPRLAB_TRACK``.
+        resume_from: with ``resume``, continue from this checkpoint (``<tag>/step_N``) instead of the newest.
     """
     from reprlab.report.build import build_report
     from reprlab.runs import Run
@@ -55,7 +58,7 @@ def execute(
         preflight(cfg)
     out = Path(out) if out is not None else _default_out(recipe.name + ("-demo" if demo else ""))
     run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
-                     argv=["reprlab", "run", recipe_name, *all_overrides])  # fmt: skip
+                     argv=["reprlab", "run", recipe_name, *all_overrides], resume_from=resume_from)  # fmt: skip
     ok = False
     try:
         if trackers and run.is_main:
@@ -71,7 +74,8 @@ def execute(
                 summary.setdefault("variant", "demo")
             summary.update(record_claims(run.dir, claims, summary))
             run.write_summary(summary)
-            build_report(run.dir)
+            with faults.group("report"):
+                build_report(run.dir)
         ok = True
     finally:
         run.close(success=ok)

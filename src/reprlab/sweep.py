@@ -25,7 +25,8 @@ from reprlab.results.aggregate import (
     read_seed_run,
 )
 from reprlab.results.claims import Claim, claim_summary_keys, claims_table, evaluate_claims
-from reprlab.runs.atomic import atomic_write_json, read_json
+from reprlab.runs import faults
+from reprlab.runs.atomic import atomic_write_json, read_json, remove_temporaries
 from reprlab.runs.folder import FolderState, Replacement, folder_state, is_finished
 from reprlab.runs.lock import RunLock
 
@@ -144,6 +145,7 @@ def run_sweep(
     try:
         out.mkdir(parents=True, exist_ok=True)
         with RunLock.acquire(out):
+            remove_temporaries(out, recursive=False)  # of an aggregate write a kill interrupted
             atomic_write_json(out / "sweep.json", {**marker, "seeds": list(seeds), "launcher": launcher})
             plan = _plan(out, seeds, cfgs, resume)
             failures = _launch(
@@ -237,9 +239,15 @@ def _launch(plan, recipe, base, out, quiet, demo, track, launcher, opts) -> dict
 def write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim],
                     failed: dict[int, str] | None = None) -> Path:  # fmt: skip
     """Write ``summary.json``, ``aggregate.json``, ``claims.json`` and the report into ``out``."""
+    check_same_setting(runs)
+    with faults.group("aggregate"):
+        return _write_aggregate(out, runs, claims, failed)
+
+
+def _write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim],
+                     failed: dict[int, str] | None) -> Path:  # fmt: skip
     from reprlab.report.sweep import build_sweep_report
 
-    check_same_setting(runs)
     flat, detail = aggregate_summaries(runs)
     on_mean = evaluate_claims(claims, {k: v for k, v in flat.items() if not k.startswith("claims.")})
     seed_fraction = {c.name: flat[f"claims.{c.name}"] for c in claims if f"claims.{c.name}" in flat}
@@ -279,6 +287,7 @@ def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:
         log.warning("recipe %s is not installed here; aggregating without its claims", runs[0].recipe)
         claims = ()
     with RunLock.acquire(out):
+        remove_temporaries(out, recursive=False)
         if not (out / "sweep.json").exists():
             atomic_write_json(out / "sweep.json", {"recipe": runs[0].recipe, "aggregated_from": [str(p) for p in
                                                                                                folders]})  # fmt: skip

@@ -33,7 +33,16 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 
 
 def _resolve(model_id: str) -> tuple[str, dict]:
-    """Map an alias to ``(path, from_pretrained kwargs)``; hub ids and folders pass through."""
+    """Map an alias to ``(path, from_pretrained kwargs)``; hub ids and folders pass through.
+
+    The kwargs always hold ``trust_remote_code=False``: a model id or folder names data, and a repository's
+    own Python (``auto_map`` in its config) is never imported on its behalf.
+    """
+    path, kwargs = _resolve_path(model_id)
+    return path, {**kwargs, "trust_remote_code": False}
+
+
+def _resolve_path(model_id: str) -> tuple[str, dict]:
     alias = PACKAGED_MODELS.get(model_id.lower())
     if alias is None:
         path = Path(model_id)

@@ -1,12 +1,21 @@
-"""Atomic file writes: write a temporary sibling, fsync, then ``os.replace`` so readers never see half a file."""
+"""Atomic file writes: write a temporary sibling, fsync, then ``os.replace`` so readers never see half a file.
+
+A write that fails (a full disk, a read-only folder) raises :class:`reprlab.errors.WriteError` naming the
+file, and leaves the previous version of the file in place. Each step goes through
+:func:`reprlab.runs.faults.file_op`, where tests inject kills and errors.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from reprlab.errors import WriteError
+from reprlab.runs.faults import file_op
 
 
 def _current_umask() -> int:
@@ -24,20 +33,79 @@ def dir_mode() -> int:
     return 0o777 & ~_current_umask()
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+TMP_SUFFIX = ".tmp"  # temporary siblings are ``.<name>.<random>.tmp``; a resume removes leftovers
+
+
+def remove_temporaries(folder: Path | str, recursive: bool = True) -> None:
+    """Delete the temporary siblings killed writers left in ``folder`` (call only under its writer lock)."""
+    folder = Path(folder)
+    for tmp in folder.rglob(f".*{TMP_SUFFIX}") if recursive else folder.glob(f".*{TMP_SUFFIX}"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+
+
+def write_error(err: OSError, path: Path | str, what: str = "") -> WriteError:
+    """The user-facing form of an ``OSError`` met while writing ``path`` (full disk, read-only, permission)."""
+    if isinstance(err, WriteError):
+        return err
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the disk is full: free some space, then continue the run with --resume"
+    elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "the folder is read-only or not writable by you: make it writable (or choose another --out)"
+    else:
+        hint = "check the file system, then continue the run with --resume"
+    where = f" {what}" if what else ""
+    return WriteError(f"cannot write{where} {path}: {reason}", hint=hint)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Make a rename or a new entry in ``path`` durable (a no-op where the file system cannot)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_temporary(path: Path, data: bytes) -> str:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return tmp
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a part.
+
+    Raises:
+        WriteError: the file cannot be written (the old version, if any, is untouched).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file_op("write", path, lambda: _write_temporary(path, data))
+        try:
+            file_op("replace", path, lambda: os.replace(tmp, path))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        file_op("syncdir", path, lambda: fsync_dir(path.parent))
+    except OSError as err:
+        raise write_error(err, path) from err
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
@@ -70,5 +138,5 @@ def read_json(path: Path | str) -> Any:
         raise FileNotFoundError(f"{path} does not exist")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None

@@ -48,7 +48,12 @@ class RunLock:
         if held is not None and held[2] == os.getpid() and not held[0].closed:
             held[1] += 1
             return cls(path, held[0], None, key)
-        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the life of the lock
+        try:
+            fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the life of the lock
+        except OSError as err:
+            from reprlab.runs.atomic import write_error
+
+            raise write_error(err, path, "the lock file") from err
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -75,6 +80,37 @@ class RunLock:
         fh.flush()
         _HELD[key] = [fh, 1, os.getpid()]
         return cls(path, fh, stale, key)
+
+    @staticmethod
+    def holder(run_dir: Path | str) -> dict[str, Any] | None:
+        """The record of the live process holding ``run_dir``'s lock, or ``None`` (free, stale or absent).
+
+        Probes with a shared lock, so it never blocks a writer for longer than the probe itself.
+        """
+        path = Path(run_dir) / LOCK_NAME
+        held = _HELD.get(os.path.realpath(path))
+        if held is not None and held[2] == os.getpid() and not held[0].closed:
+            return None  # this process: the lock is shared within it (see _HELD)
+        try:
+            fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError:
+            return None
+        with fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_record(fh) or {"pid": "?"}
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        return None
+
+    def moved(self, run_dir: Path | str) -> None:
+        """The locked folder was renamed to ``run_dir`` (the lock, on the open file, went with it)."""
+        path = Path(run_dir) / LOCK_NAME
+        key = os.path.realpath(path)
+        held = _HELD.pop(self._key, None)
+        if held is not None:
+            _HELD[key] = held
+        self.path, self._key = path, key
 
     def release(self) -> None:
         """Clear the record and drop the lock (a clean exit leaves an empty lock file, not a stale one)."""

@@ -12,9 +12,11 @@ Layout::
               report.md, report.html
 
 Resume: every durable event (a checkpoint or a finished stage) records how many metric lines existed when
-it happened. A resumed run first truncates ``metrics.jsonl`` back to the latest durable event, then the
-recipe re-executes: finished stages are read back, training loops restart from their checkpoints, so the
-metrics of a resumed run equal those of an uninterrupted one.
+it happened. A resumed run first checks the newest checkpoint of every stage against its manifest
+(:mod:`reprlab.runs.resume`; a damaged one stops the resume, naming the file), then truncates
+``metrics.jsonl`` back to the latest durable event, then the recipe re-executes: finished stages are read
+back, training loops restart from their checkpoints, so the metrics of a resumed run equal those of an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -32,22 +34,26 @@ import yaml
 
 from reprlab.config import config_to_dict
 from reprlab.errors import RunFolderError
+from reprlab.runs import faults
 from reprlab.runs.atomic import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     dumps_json,
     read_json,
+    write_error,
 )
-from reprlab.runs.checkpoint import (
-    list_checkpoints,
-    load_checkpoint_dir,
-    save_checkpoint_dir,
-    verify_checkpoint,
-)
+from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir, save_checkpoint_dir
 from reprlab.runs.environment import environment_record, resolve_device
-from reprlab.runs.folder import FolderState, Replacement, check_out_folder, leftovers_of_overwrite
+from reprlab.runs.folder import (
+    FolderState,
+    Replacement,
+    check_out_folder,
+    leftovers_of_overwrite,
+    refuse_if_being_replaced,
+)
 from reprlab.runs.lock import RunLock
+from reprlab.runs.resume import prepare_resume, resolve_resume_from
 
 T = TypeVar("T")
 
@@ -89,6 +95,7 @@ class Run:
         self._lock: RunLock | None = None
         self._replacement: Replacement | None = None
         self._trackers: Any = None
+        self._resume_from: str | None = None  # "<tag>/step_N" of --resume-from, until that tag is loaded
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -101,17 +108,28 @@ class Run:
         overwrite: bool = False,
         quiet: bool = False,
         argv: list[str] | None = None,
+        resume_from: str | None = None,
     ) -> Run:
         """Create (or reopen with ``resume=True``) a run folder.
 
+        Args:
+            resume_from: with ``resume``, the checkpoint to continue from (``<tag>/step_N``) instead of
+                the newest; everything written after it is set aside.
+
         Raises:
             RunExistsError: the folder already holds a run and neither ``resume`` nor ``overwrite`` is set.
+            CheckpointError: ``resume`` and the checkpoint to continue from is damaged (nothing changed).
         """
         run_dir = Path(run_dir)
         rank = int(os.environ.get("RANK", "0"))
         device = resolve_device(getattr(cfg, "device", "auto"))
         if rank != 0:  # rank 0 owns the folder; the others only need to know where it is
-            return cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+            run = cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
+            run._resume_from = resume_from
+            return run
+        if resume_from and not resume:
+            raise RunFolderError("--resume-from needs --resume")
+        # refuses a folder a live process writes or replaces, and every flag combination that loses results
         state = check_out_folder(run_dir, resume=resume, overwrite=overwrite)
         for old in leftovers_of_overwrite(run_dir):
             logging.getLogger("reprlab").warning(
@@ -119,15 +137,22 @@ class Run:
                 old, run_dir,
             )  # fmt: skip
         replacement = Replacement.move_aside(run_dir) if overwrite and state is FolderState.RUN else None
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
+        if replacement is not None:
+            lock = replacement.new_lock
+        else:
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise write_error(err, run_dir) from err
             lock = RunLock.acquire(run_dir)
-        except BaseException:
-            if replacement is not None:
-                replacement.rollback()
-            raise
+            try:
+                refuse_if_being_replaced(run_dir)  # two-rename swaps leave a gap
+            except BaseException:
+                lock.release()
+                raise
         run = cls(run_dir, cfg, recipe, resume=resume, quiet=quiet, device=device)
         run._lock, run._replacement = lock, replacement
+        run._resume_from = resume_from
         try:
             resolved = config_to_dict(cfg)
             previous_env = None
@@ -142,7 +167,7 @@ class Run:
                         f"--resume: the config given differs from {run_dir}/config.yaml ({diff})",
                         hint="resume with the same recipe and overrides (see the first lines of config.yaml)",
                     )
-                run._drop_corrupt_checkpoints()
+                prepare_resume(run_dir, resume_from, run.logger)
                 run._truncate_metrics_to_last_durable_event()
                 if (run_dir / "env.json").exists():
                     try:
@@ -179,9 +204,9 @@ class Run:
             if tracker is not None:
                 tracker.close()
         self._trackers = None
-        if self._replacement is not None:
+        if self._replacement is not None:  # it holds the folder's lock and releases it
             self._replacement.commit() if success else self._replacement.rollback()
-            self._replacement = None
+            self._replacement, self._lock = None, None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -224,40 +249,21 @@ class Run:
                 "resume: dropped %d metric lines logged after the last checkpoint", len(lines) - keep
             )
 
-    def _drop_corrupt_checkpoints(self) -> None:
-        """Set aside each tag's newest checkpoints until an intact one is on top, saying so.
-
-        Stage results saved after a dropped checkpoint may depend on its weights, so they are redone too.
-        """
-        for tag_dir in sorted((self.dir / "checkpoints").glob("*")):
-            ckpts = list_checkpoints(tag_dir)
-            while ckpts:
-                why = verify_checkpoint(ckpts[-1])
-                if why is None:
-                    break
-                bad = ckpts.pop()
-                since = bad.stat().st_mtime
-                os.replace(bad, bad.with_name(f".corrupt-{bad.name}"))
-                fallback = ckpts[-1].name if ckpts else "the start of training"
-                self.logger.warning(
-                    "resume: checkpoint %s is corrupt (%s); set aside as .corrupt-%s, falling back to %s",
-                    bad, why, bad.name, fallback,
-                )  # fmt: skip
-                for stage in (self.dir / "stages").glob("*.json"):
-                    if stage.stat().st_mtime >= since:
-                        os.replace(stage, stage.with_name(f".invalidated-{stage.name}"))
-                        self.logger.warning(
-                            "resume: stage %s finished after it; it will run again", stage.stem
-                        )
-
     def log(self, step: int, **metrics: Any) -> None:
         """Append ``{"step": step, **metrics}`` to ``metrics.jsonl`` (main rank only)."""
         if not self.is_main:
             return
         line = dumps_json({"step": int(step), **metrics}, indent=None)
-        with open(self._metrics_path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
+
+        def append() -> None:
+            with open(self._metrics_path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+                fh.flush()
+
+        try:
+            faults.file_op("append", self._metrics_path, append)
+        except OSError as err:
+            raise write_error(err, self._metrics_path) from err
         if self._trackers is not None:
             self._trackers.log(int(step), metrics)
 
@@ -301,26 +307,22 @@ class Run:
         tag: str = "train",
         restore_rng: bool = True,
     ) -> tuple[int, dict[str, Any]] | None:
-        """Restore the latest checkpoint of ``tag``; ``None`` when there is none."""
+        """Restore the latest checkpoint of ``tag`` (all parts or none); ``None`` when there is none.
+
+        Raises:
+            CheckpointError: the latest checkpoint is damaged or does not fit; it names the file and the
+                previous intact checkpoint (``--resume-from``). There is no silent fallback.
+        """
         ckpts = list_checkpoints(self.dir / "checkpoints" / tag)
-        while ckpts:
-            latest = ckpts.pop()
-            why = verify_checkpoint(latest)
-            if why is None:
-                try:
-                    step, extra = load_checkpoint_dir(latest, modules, optimizers, restore_rng=restore_rng)
-                except Exception as err:  # torn or foreign files fail in many library-specific ways
-                    why = f"{type(err).__name__}: {err}"
-                else:
-                    self.logger.info("resumed %s from %s", tag, latest)
-                    return step, extra
-            fallback = ckpts[-1].name if ckpts else "the start of training"
-            self.logger.warning(
-                "checkpoint %s cannot be loaded (%s); falling back to %s", latest, why, fallback
-            )
-            if self.is_main:
-                os.replace(latest, latest.with_name(f".corrupt-{latest.name}"))
-        return None
+        if self._resume_from:  # the named checkpoint itself: other ranks may list before rank 0 has rewound
+            target = resolve_resume_from(self.dir, self._resume_from)
+            if target.parent.name == tag:
+                ckpts, self._resume_from = [target], None
+        if not ckpts:
+            return None
+        step, extra = load_checkpoint_dir(ckpts[-1], modules, optimizers, restore_rng=restore_rng)
+        self.logger.info("resumed %s from %s", tag, ckpts[-1])
+        return step, extra
 
     def checkpoints(self, tag: str = "train") -> list[Path]:
         """Checkpoint folders of a tag, oldest first."""

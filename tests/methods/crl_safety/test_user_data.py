@@ -108,3 +108,27 @@ def test_runner_stops_before_the_run_folder_and_the_model(tmp_path, monkeypatch)
     with pytest.raises(DataError, match=r"bad\.jsonl:9: 'prompt'"):
         execute("crl-tiny", [f"data.user_jsonl={bad}"], out=out, quiet=True)
     assert not out.exists()
+
+
+def test_a_50_mb_line_is_an_error_naming_the_line_not_a_crash(tmp_path):
+    p = tmp_path / "big.jsonl"
+    p.write_bytes(json.dumps(GOOD[0]).encode() + b"\n" + b"[" * 50_000_000 + b"\n")
+    with pytest.raises(DataError, match=r"big\.jsonl:2: line longer than 1,048,576 bytes") as e:
+        D.load_user_jsonl(p)
+    assert '"prompt"' in e.value.hint  # the expected line format
+
+
+def test_deeply_nested_json_within_the_line_limit_is_an_error_naming_the_line(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_bytes(json.dumps(GOOD[0]).encode() + b"\n" + b"[" * 900_000 + b"\n")  # a RecursionError in json
+    with pytest.raises(DataError, match=r"deep\.jsonl:2: JSON nested too deeply"):
+        D.load_user_jsonl(p)
+
+
+def test_line_separators_inside_a_prompt_are_text(tmp_path):
+    """U+2028/U+2029 (legal raw in JSON strings), NEL and form feed split lines for str.splitlines()."""
+    rows = [{"prompt": f"first{sep}second", "harmful": i % 2 == 0} for i, sep in
+            enumerate(["\u2028", "\u2029", "\u0085", "\x0c"])]  # fmt: skip
+    p = tmp_path / "sep.jsonl"
+    p.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    assert [e.prompt for e in D.load_user_jsonl(p)] == [r["prompt"] for r in rows]

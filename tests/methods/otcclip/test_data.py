@@ -82,6 +82,7 @@ def test_backdoor_trigger_and_captions(items):
     x = torch.full((2, 1, 56, 56), 100, dtype=torch.uint8)
     noise = trigger_pattern("blended", (1, 56, 56), seed=1)
     expect = (0.8 * 100 + 0.2 * noise).round()
+    # exact: rounded integers, 0.2 k is >= 0.1 from a .5 boundary
     assert torch.equal(apply_trigger(x, "blended", seed=1).float(), expect.expand(2, -1, -1, -1))
     with pytest.raises(ValueError, match="trigger"):
         apply_trigger(x, "bogus", seed=1)

@@ -46,7 +46,8 @@ def test_nn_rematch_equals_brute_force():
     u, w = F.normalize(torch.randn(7, 5), dim=-1), F.normalize(torch.randn(11, 5), dim=-1)
     res = nn_rematch(u, w)
     brute = torch.tensor([max(range(11), key=lambda j: float(u[i] @ w[j])) for i in range(7)])
-    assert torch.equal(res.index, brute)
+    # a best match: one matmul vs dot products round apart (~1e-7), so a near tie may go either way
+    assert all(float(u[i] @ w[res.index[i]]) >= float(u[i] @ w[brute[i]]) - 1e-6 for i in range(7))
 
 
 def test_caption_bank_is_fifo_and_pads():

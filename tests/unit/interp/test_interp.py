@@ -64,8 +64,11 @@ def test_logit_lens_last_layer_equals_model_output(which, request):
     probs = logits.softmax(-1)[torch.arange(5), pos]
     # the lens at the last layer is exactly the model's output distribution (oracle: the model itself)
     np.testing.assert_allclose(res.prob_a[-1], probs[torch.arange(5), ta].numpy(), atol=1e-6)
-    ranks = (logits[torch.arange(5), pos] > logits[torch.arange(5), pos, tb][:, None]).sum(-1)
-    np.testing.assert_array_equal(res.rank_b[-1], ranks.numpy())
+    # the lens and the forward are two paths (logits agree to ~1e-6): a rank may differ only where another
+    # logit is within 1e-5 of b's, so the rank must lie between the counts with that slack
+    row, lb = logits[torch.arange(5), pos], logits[torch.arange(5), pos, tb][:, None]
+    lo, hi = (row > lb + 1e-5).sum(-1).numpy(), (row > lb - 1e-5).sum(-1).numpy() - 1  # b is not above itself
+    assert ((lo <= res.rank_b[-1]) & (res.rank_b[-1] <= hi)).all() and (lo == hi).sum() >= 4  # ties are rare
     assert res.prob_a.shape == (3, 5) and len(res.layers) == 3
 
 

@@ -27,13 +27,16 @@ def test_costs_match_scipy_cdist():
         torch.testing.assert_close(
             sq_euclidean_cost(X, Y)[i], torch.from_numpy(cdist(X[i], Y[i], "sqeuclidean")), atol=1e-12, rtol=0
         )
-    torch.testing.assert_close(cosine_cost(X[0], Y[0]), cosine_cost(X, Y)[0], atol=0, rtol=0)
+    # unbatched vs batched matmul: other kernels may sum in another order (2.2e-16 seen on an AVX-512 Xeon);
+    # costs are in [0, 2], so 1e-14 is a few dozen float64 ulps
+    torch.testing.assert_close(cosine_cost(X[0], Y[0]), cosine_cost(X, Y)[0], atol=1e-14, rtol=0)
 
 
 def test_cost_edge_cases():
     X = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-2.0, 0.0]])
     C = cosine_cost(X, X)
-    # Zero vectors (padding) get cost exactly 1, opposite vectors 2, identical 0: never NaN.
+    # Zero vectors (padding) get cost exactly 1, opposite vectors 2, identical 0: never NaN. Exact on any CPU:
+    # every operand and partial result here (0, +-1, 2, 4) is exactly representable, so no step rounds.
     assert C[1].tolist() == [1.0, 1.0, 1.0] and C[0, 2] == 2.0 and C[0, 0] == 0.0
     assert float(sq_euclidean_cost(X, X).diagonal().abs().max()) == 0.0
     with pytest.raises(ValueError, match="feature dims"):
@@ -83,6 +86,7 @@ def test_ipot_ragged_potentials_and_gradient():
         sk.gibbs_plan(C.detach(), a_n, b_n, r.f, r.g, r.eps), r.plan, atol=1e-12, rtol=1e-9
     )
     r.cost.sum().backward()
+    # exact: the envelope backward returns grad_out * plan, and grad_out is exactly 1 here
     torch.testing.assert_close(C.grad, r.plan, atol=0, rtol=0)
 
 
@@ -96,13 +100,14 @@ def test_ot_distance_equals_sinkhorn_on_built_costs():
     for cost, fn in [("cosine", cosine_cost), ("sqeuclidean", sq_euclidean_cost)]:
         r = ot_distance(X, Y, x_mask, y_mask, eps=0.1, cost=cost, n_iters=30)
         ref = sinkhorn(fn(X, Y), x_mask.to(F64), y_mask.to(F64), 0.1, n_iters=30)
+        # exact: the same calls on the same tensors
         torch.testing.assert_close(r.cost, ref.cost, atol=0, rtol=0)
     r.cost.sum().backward()
     # Padded points get no gradient (their weights and plan rows are zero); valid ones do.
     assert X.grad[0, 3:].abs().max() == 0 and X.grad[0, :3].abs().max() > 0
     ri = ot_distance(X.detach(), Y, x_mask, y_mask, eps=0.5, solver="ipot", n_iters=20)
     refi = ipot(cosine_cost(X.detach(), Y), x_mask.to(F64), y_mask.to(F64), beta=0.5, n_iters=20)
-    torch.testing.assert_close(ri.cost, refi.cost, atol=0, rtol=0)
+    torch.testing.assert_close(ri.cost, refi.cost, atol=0, rtol=0)  # exact: the same calls, as above
 
 
 def test_ot_distance_errors():

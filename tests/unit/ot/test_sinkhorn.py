@@ -132,6 +132,7 @@ def test_numpy_small_path_equals_torch_small_path(monkeypatch, dtype, tol, torch
     atol, rtol = (1e-12, 1e-9) if dtype == F64 else (1e-6, 1e-4)
     for field in ("plan", "cost", "f", "g", "marginal_error", "reg_cost"):
         torch.testing.assert_close(getattr(fast, field), getattr(ref, field), atol=atol, rtol=rtol)
+    # exact: a decision; at the stopping check every error is >= 7% (relative) away from tol, the paths ~1e-6
     assert torch.equal(fast.converged, ref.converged)
 
 
@@ -181,8 +182,9 @@ def test_chunked_batch_equals_unchunked(monkeypatch, torch_path):
     whole = sinkhorn(C, a, b, 0.1, n_iters=25)
     monkeypatch.setattr(sk, "CHUNK", 4)  # chunk boundaries at 4 and 8, last chunk of 3
     chunked = sinkhorn(C, a, b, 0.1, n_iters=25)
-    torch.testing.assert_close(chunked.plan, whole.plan, atol=0, rtol=0)
-    torch.testing.assert_close(chunked.cost, whole.cost, atol=1e-15, rtol=0)
+    # other batch sizes may take other matmul kernels (another summation order): float64 rounding, entries <= 1
+    torch.testing.assert_close(chunked.plan, whole.plan, atol=1e-14, rtol=0)
+    torch.testing.assert_close(chunked.cost, whole.cost, atol=1e-14, rtol=0)
 
 
 def test_all_padding_problem_raises_with_index(solver_path):
@@ -250,6 +252,7 @@ def test_envelope_gradient_is_the_plan(solver_path):
     w = torch.tensor([1.0, -2.0, 0.5], dtype=F64)
     r = sinkhorn(C, a, b, 0.1, n_iters=30)
     (r.cost * w).sum().backward()
+    # exact: the backward is this product
     torch.testing.assert_close(C.grad, w[:, None, None] * r.plan, atol=0, rtol=0)
     assert not r.plan.requires_grad
 
@@ -282,6 +285,7 @@ def test_unbatched_inputs_give_unbatched_fields(solver_path):
     r = sinkhorn(C[0], a[0], b[0], 0.1, n_iters=20)
     rb = sinkhorn(C, a, b, 0.1, n_iters=20)
     assert r.cost.shape == () and r.plan.shape == (5, 3) and r.f.shape == (5,) and r.converged.shape == ()
+    # exact: unbatched inputs are unsqueezed to a batch of one
     torch.testing.assert_close(r.plan, rb.plan[0], atol=0, rtol=0)
 
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from reprlab.errors import RunFolderError, RunLockedError
+from reprlab.errors import CheckpointError, RunFolderError, RunLockedError
 from reprlab.methods.smoke.recipe import Interrupted
 from reprlab.runner import execute
 from reprlab.runs.lock import RunLock
@@ -133,8 +133,8 @@ def test_bad_config_fails_before_the_old_results_are_moved(tmp_path, full_run):
     assert sorted(p.name for p in full_run.iterdir()) == before
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_still_ends_like_an_uninterrupted_run(
-    tmp_path, monkeypatch, full_run, caplog
+def test_corrupt_latest_checkpoint_stops_the_resume_and_resume_from_the_previous_ends_like_an_uninterrupted_run(
+    tmp_path, monkeypatch, full_run
 ):
     cut = _interrupted(tmp_path, monkeypatch)
     latest = cut / "checkpoints" / "train" / "step_00000030"
@@ -142,11 +142,21 @@ def test_corrupt_latest_checkpoint_falls_back_and_still_ends_like_an_uninterrupt
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # one flipped byte: same size, wrong checksum
     weights.write_bytes(bytes(data))
-    with caplog.at_level("WARNING"):
+    before = _tree(cut)
+    with pytest.raises(
+        CheckpointError, match=r"step_00000030/model.safetensors does not match its SHA-256"
+    ) as err:
         execute("smoke-digits", FAST, cut, resume=True, quiet=True)
-    assert "step_00000030 is corrupt" in caplog.text and "falling back to step_00000020" in caplog.text
+    assert "--resume --resume-from train/step_00000020" in err.value.hint
+    assert _tree(cut) == before  # no fallback, no metrics cut, no fresh start: nothing changed
+    execute("smoke-digits", FAST, cut, resume=True, resume_from="train/step_00000020", quiet=True)
+    assert (cut / "checkpoints" / "train" / ".superseded-step_00000030").is_dir()  # kept for inspection
     assert _metrics(cut) == _metrics(full_run)
     assert _summary(cut) == _summary(full_run)
+
+
+def _tree(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 def test_garbage_after_the_last_checkpoint_in_metrics_is_dropped_on_resume(tmp_path, monkeypatch, full_run):

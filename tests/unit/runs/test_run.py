@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from reprlab.errors import CheckpointError
 from reprlab.runs import Run, RunExistsError
 from reprlab.runs.atomic import atomic_write_json, read_json
 
@@ -54,20 +55,20 @@ def test_keeps_last_two_checkpoints_and_ignores_torn_ones(tmp_path):
     assert run.load_checkpoint({"model": model})[0] == 3
 
 
-def test_corrupt_checkpoint_falls_back_to_the_previous_intact_one(tmp_path, caplog):
+def test_corrupt_checkpoint_is_an_error_naming_the_file_and_the_previous_one(tmp_path):
     run = Run.create(tmp_path / "r", Cfg(), "test")
     model = torch.nn.Linear(2, 2)
     run.save_checkpoint(1, {"model": model})
-    first = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         model.weight.add_(1.0)
     path = run.save_checkpoint(2, {"model": model})
     (path / "model.safetensors").write_bytes(b"garbage")
-    with caplog.at_level("WARNING"):
-        step, _ = run.load_checkpoint({"model": model})
-    assert step == 1 and all(torch.equal(model.state_dict()[k], first[k]) for k in first)
-    assert "step_00000002 cannot be loaded (model.safetensors has 7 bytes" in caplog.text
-    assert (path.parent / ".corrupt-step_00000002").is_dir()  # kept for inspection, out of the way
+    now = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"step_00000002/model.safetensors has 7 bytes") as err:
+        run.load_checkpoint({"model": model})
+    assert "--resume-from train/step_00000001" in err.value.hint  # offered, never taken silently
+    assert all(torch.equal(model.state_dict()[k], now[k]) for k in now)  # nothing was applied
+    assert path.is_dir()  # left where it is, for the user to look at
 
 
 def test_existing_run_needs_resume_or_overwrite(tmp_path):
@@ -96,3 +97,18 @@ def test_summary_must_be_flat(tmp_path):
     run = Run.create(tmp_path / "r", Cfg(), "test")
     with pytest.raises(TypeError, match="flat"):
         run.write_summary({"a": {"b": 1}})
+
+
+def test_resume_from_on_another_rank_loads_the_named_checkpoint(tmp_path, monkeypatch):
+    """Under torchrun rank 0 sets the later checkpoints aside; a rank that lists first must not pick them."""
+    run = Run.create(tmp_path / "r", Cfg(), "test")
+    model = torch.nn.Linear(2, 2)
+    run.save_checkpoint(1, {"model": model})
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    run.save_checkpoint(2, {"model": model})
+    run.close(success=False)
+    monkeypatch.setenv("RANK", "1")
+    other = Run.create(tmp_path / "r", Cfg(), "test", resume=True, resume_from="train/step_00000001")
+    assert other.load_checkpoint({"model": model})[0] == 1
+    assert other.load_checkpoint({"model": model})[0] == 2  # later loads (evaluation) take the newest again

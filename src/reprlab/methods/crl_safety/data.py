@@ -22,8 +22,10 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reprlab.errors import ConfigError, DataError
+from reprlab.io.untrusted import iter_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
 DNA_HARMFUL_FILES = (
@@ -116,13 +118,9 @@ class UserExample:
     response: str | None = None
 
 
-def _user_line(path: Path, lineno: int, line: str) -> UserExample:
+def _user_line(path: Path, lineno: int, obj: Any) -> UserExample:
     """One validated line of a user JSONL; every problem is a :class:`DataError` naming ``path:lineno``."""
     where = f"{path}:{lineno}"
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})", hint=_JSONL_HINT) from e
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}", hint=_JSONL_HINT)
     unknown = sorted(set(obj) - {"prompt", "harmful", "response"})
@@ -144,6 +142,9 @@ def _user_line(path: Path, lineno: int, line: str) -> UserExample:
     return UserExample(prompt, harmful, response)
 
 
+USER_LINE_BYTES = (
+    1 << 20
+)  # [ours] 1 MiB per line: far above any prompt + response, far below a memory problem
 _JSONL_HINT = (
     'each line: {"prompt": "<non-empty text>", "harmful": true|false, "response": "<text>" (optional)}'
 )
@@ -153,20 +154,18 @@ def load_user_jsonl(path: str | Path) -> list[UserExample]:
     """Read ``{"prompt", "harmful", "response"?}`` lines strictly; every error names the file (and line).
 
     Raises:
-        DataError: a missing, non-UTF-8 or empty file, or a line that is not a JSON object with a non-empty
-            string ``prompt``, a JSON boolean ``harmful`` and an optional non-empty string ``response``.
+        DataError: a missing, non-UTF-8 or empty file, a line over 1 MiB, or a line that is not a JSON object
+            with a non-empty string ``prompt``, a JSON boolean ``harmful`` and an optional non-empty string
+            ``response``.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"user prompt file {path} does not exist (data.user_jsonl)")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})",
-                        hint="save the file as UTF-8") from e  # fmt: skip
-    out = [_user_line(path, i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
+    try:  # lines split on "\n" only (U+2028 inside a prompt is text), each at most USER_LINE_BYTES
+        out = [_user_line(path, n, obj) for n, obj in iter_jsonl(path, max_line_bytes=USER_LINE_BYTES)]
+    except DataError as err:
+        err.hint = f"{err.hint}; {_JSONL_HINT}" if err.hint else _JSONL_HINT
+        raise
     if not out:
         raise DataError(f"user prompt file {path} is empty")
     return out

@@ -1,0 +1,1 @@
+"""Readers for files reprlab did not write: bounded, with errors that name the file and line."""
