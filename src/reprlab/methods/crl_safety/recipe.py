@@ -16,7 +16,6 @@ reference.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError, DataError
+from reprlab.jsonfile import read_stage
 from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, load_mc, mc_accuracy
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
@@ -425,7 +425,7 @@ def run(cfg: Config, run) -> dict:
             offset += max(cfg.defense.optim.steps, cfg.defense.rr.steps)  # step numbers never shared
     for m in cfg.models:
         if m not in results:
-            results[m] = run.load_json(f"stages/eval_{m}.json")["result"]
+            results[m] = read_stage(run.dir / "stages" / f"eval_{m}.json")
     summary: dict[str, float | int | str] = {}
     for m in cfg.models:
         for k, v in headline(results[m]).items():
@@ -442,7 +442,7 @@ def run(cfg: Config, run) -> dict:
 
 def _stage(run_dir: Path, name: str):
     p = run_dir / "stages" / f"{name}.json"
-    return json.loads(p.read_text())["result"] if p.exists() else None
+    return read_stage(p) if p.exists() else None
 
 
 def report_sections(run_dir: Path) -> list[Section]:
