@@ -123,3 +123,15 @@ def read_stage(path: Path | str) -> Any:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from err
     return restore_nonfinite(data["result"], data.get("nonfinite") or {})
+
+
+def null_as_nan(obj: Any) -> Any:
+    """``obj`` with every ``null`` read as NaN: for report code that formats or plots numeric artefacts,
+    where a statistic written as null (it was NaN) should show as "n/a" rather than fail."""
+    if obj is None:
+        return float("nan")
+    if isinstance(obj, dict):
+        return {k: null_as_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [null_as_nan(v) for v in obj]
+    return obj

@@ -183,8 +183,8 @@ def recipe_sections(run_dir: Path) -> list[Section]:
 
 
 def run_sections(run_dir: Path, reference: bool = True) -> list[Section]:
-    """Every section of a run's report: claims and headline first, the method's sections, then (with
-    ``reference``) training curves, every summary value, config and environment, folded."""
+    """Every section of a run's report: claims and headline first, the method's sections and training
+    curves, then (with ``reference``) every summary value, config and environment, folded."""
     run_dir = Path(run_dir)
     sections = []
     claims = claims_section(run_dir, run_headline_tables(run_dir))
@@ -195,9 +195,9 @@ def run_sections(run_dir: Path, reference: bool = True) -> list[Section]:
     curves = None if has_curves else metric_curves_section(read_metrics(run_dir))
     if curves is not None:
         sections.append(curves)
-    sections.append(summary_section(run_dir))
     if not reference:
         return sections
+    sections.append(summary_section(run_dir))
     cfg_path = run_dir / "config.yaml"
     if cfg_path.exists():
         sections.append(Section("Config", text="```yaml\n" + cfg_path.read_text() + "\n```", collapsed=True))

@@ -148,7 +148,7 @@ def markdown_html(text: str) -> str:
     return out.replace("<table>", '<div class="scroll"><table>').replace("</table>", "</table></div>")
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "section"
 
 
@@ -172,7 +172,7 @@ class _Page:
 
     def emit(self, sec: Section, depth: int) -> None:
         level = min(6, sec.level + depth)
-        anchor = self.unique(sec.anchor or _slug(sec.title), self.ids)
+        anchor = self.unique(sec.anchor or slug(sec.title), self.ids)
         self.toc.append((level, anchor, sec.title))
         title = html.escape(sec.title)
         opened = "" if sec.collapsed else " open"
@@ -191,7 +191,7 @@ class _Page:
             self.body.append(table_html(rows))
         if sec.figure is not None:
             suffix, data = render_figure(sec.figure)
-            name = self.unique(_slug(sec.title), self.figs)
+            name = self.unique(slug(sec.title), self.figs)
             atomic_write_bytes(self.fig_dir / f"{name}.{suffix}", data)
             self.md.append(f"\n![{sec.title}](figures/{name}.{suffix})\n")
             mime = "image/svg+xml" if suffix == "svg" else "image/png"

@@ -45,6 +45,7 @@ from reprlab.methods.norm_ic.nulls import (
     random_piece_vectors,
     shuffle_interval,
 )  # fmt: skip
+from reprlab.methods.norm_ic.report import headline
 from reprlab.methods.norm_ic.sources import (
     ItemSet,
     input_items,
@@ -680,6 +681,9 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
         for name, desc in r.get("pooling", {}).items():
             summary[f"{name}.pooling"] = desc
     return summary
+
+
+HEADLINE = headline  # the curated table of the report's first section (norm_ic/report.py)
 
 
 def report_sections(run_dir: Path):

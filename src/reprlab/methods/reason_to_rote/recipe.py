@@ -39,6 +39,7 @@ from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
 from reprlab.models.gpt import GPT, GPTConfig
+from reprlab.report.headline import Headline
 from reprlab.train.seed import seed_everything
 
 
@@ -312,6 +313,29 @@ class _StageRun:
 
     def progress(self, iterable, total=None, desc=""):
         return self._run.progress(iterable, total=total, desc=f"{desc} (label-permuted null)")
+
+
+# Shares of items (exact match, probe accuracy, restoration rates) and circuit overlaps (IoU, in [0, 1]) get
+# Wilson intervals over seeds; drops, gains, z-scores and faithfulness are differences or ratios: t intervals.
+SUMMARY_KINDS = {
+    "*_em": "proportion", "noisy_memorized": "proportion", "noisy_true_answer": "proportion",
+    "peak_noisy_true_answer": "proportion", "probe_carry_acc_*": "proportion", "neuron_patch_restore_rate*": "proportion",
+    "neuron_true_before": "proportion", "circuit_iou": "proportion", "circuit_iou_null_*": "proportion",
+    "circuit_iou_random": "proportion", "edge_circuit_iou": "proportion", "edge_circuit_iou_null_*": "proportion",
+}  # fmt: skip
+HEADLINE = (
+    Headline(rows=(("clean test exact match", "clean_test_em"), ("noisy labels memorised", "noisy_memorized"),
+                   ("true answer on noisy items, at its peak", "peak_noisy_true_answer"),
+                   ("training steps", "steps")), caption="Generalise, then memorise"),
+    Headline(rows=(("carries decoded on noisy items", "probe_carry_acc_noisy_shared_prefix"),
+                   ("  … by the same probe on an untrained model", "probe_carry_acc_random_model"),
+                   ("memorisation drop, carry subspaces removed (INLP)", "inlp_memorization_drop"),
+                   ("  … random subspaces of the same ranks", "inlp_random_drop"),
+                   ("memorisation-generalisation circuit overlap (IoU)", "circuit_iou"),
+                   ("  … with circuits of unrelated metrics", "circuit_iou_null_unrelated"),
+                   ("top-neuron patching: net restoration gain", "neuron_restore_gain_net")),
+             caption="Mechanism, each against its null"),
+)  # fmt: skip
 
 
 def report_sections(run_dir: Path):
