@@ -12,6 +12,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+def pytest_configure(config):
+    """The CLI's third-party warning filters (reprlab.quiet) apply to tests too; our own warnings stay."""
+    from reprlab.quiet import WARNING_FILTERS
+
+    for spec in WARNING_FILTERS:
+        config.addinivalue_line("filterwarnings", spec)
+
+
 @pytest.fixture(autouse=True)
 def _one_intra_op_thread():
     """Every test runs with one intra-op thread.

@@ -74,20 +74,36 @@ def _global(
     debug: bool = typer.Option(
         False, "--debug", help="Show full tracebacks for input errors (or REPRLAB_DEBUG=1)."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Also show third-party INFO logs and FutureWarnings (or REPRLAB_VERBOSE=1).",
+    ),
 ) -> None:
     if debug:
         os.environ["REPRLAB_DEBUG"] = "1"
+    if verbose:
+        os.environ["REPRLAB_VERBOSE"] = "1"
 
 
 def _setup_logging(quiet: bool) -> None:
-    level = logging.WARNING if quiet else logging.INFO
+    # the root logger passes INFO (run.log keeps it); the console handler shows WARNING and up with --quiet
     logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
     if quiet:
         os.environ["REPRLAB_QUIET"] = "1"
-    for noisy in ("httpx", "urllib3", "matplotlib", "PIL"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from reprlab.quiet import QUIET_LOGGERS, verbose
+
+    if (
+        not verbose()
+    ):  # third-party INFO chatter (gensim's per-epoch lines, ...); `reprlab -v run ...` shows it
+        for noisy in QUIET_LOGGERS:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @app.command("recipes")

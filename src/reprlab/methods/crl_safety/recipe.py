@@ -44,7 +44,7 @@ from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
-HEADLINE = (
+HEADLINE_KEYS = (
     "asr_direct",
     "asr_prefill",
     "asr_embedding",
@@ -496,7 +496,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         rows.append(
             {
                 "model": m,
-                **{k: h.get(k, float("nan")) for k in HEADLINE},
+                **{k: h.get(k, float("nan")) for k in HEADLINE_KEYS},
                 "emb_target_loss": h["emb_target_loss"],
             }
         )
