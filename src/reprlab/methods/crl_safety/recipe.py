@@ -4,7 +4,7 @@ Paper: Simko, Sachan, Schölkopf, Jin, "Improving Large Language Model Safety wi
 Learning", EMNLP 2025 (arXiv 2506.11938); official code ``samuelsimko/crl-llm-defense``. The paper's parts:
 the triplet + KL losses, the latent-attack mining, RR as baseline, the attacks. Ours: stage-0 refusal SFT
 (the packaged model does not refuse), the offline judge, the data splits, the small-scale sizes and every
-default marked [ours] in ``config.py``. See ``shared/papers/crl-safety.md``.
+default marked [ours] in ``config.py``. Reasons: ``methods/crl_safety/README.md``.
 
 Stages (each resumable): ``generate`` (base replies, never committed) -> ``eval_base`` -> refusal training
 (checkpoint tag ``sft``) -> ``eval_refusal`` -> for rr, crl, crl_adv: training (tag = kind) -> ``eval_<kind>``.

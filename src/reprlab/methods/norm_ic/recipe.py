@@ -82,7 +82,7 @@ class VocabConfig:
         default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"}
     )
     top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words"})
-    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words (brief §4)"})
+    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words [ours]"})
     n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands"})
 
 

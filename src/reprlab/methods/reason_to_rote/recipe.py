@@ -9,14 +9,14 @@ memorisation and generalisation circuits (node attribution patching), and outlie
 
 Paper vs ours: the tasks, the analyses and their names are the paper's; every format, size, architecture,
 hyper-parameter, layer/position choice and summary statistic here is **[ours]** (the paper's are unknown
-to us, see ``shared/papers/reason-to-rote.md``). Circuits are node-level (the paper uses edges).
+to us; ``docs/reason_to_rote.md`` lists every choice). Circuits are node-level (the paper uses edges).
 
 Pipeline (each step a resumable stage): data -> train (checkpoints, dynamics; stops once memorised *and*
 generalised on a clean validation split) -> final eval -> dynamics summary -> logit lens -> probes -> INLP ->
 circuits [-> edge circuits, head ablation: options] -> neurons -> summary. ``report_sections`` plots from
 the saved artefacts.
 
-Matched nulls [ours, issue 12; see ``docs/reason_to_rote.md``]: probes are scored only at leak-free cells
+Matched nulls [ours; see ``docs/reason_to_rote.md``]: probes are scored only at leak-free cells
 (both digit orders) chosen on a split disjoint from the reported one, against the same probe on an untrained
 model; circuit overlap against circuits of unrelated metrics at the same items and positions; neuron
 patch-back as a gain over the pre-patch rate, net of random and attribution-matched neurons; and

@@ -121,7 +121,7 @@ def run(cfg: Config, run) -> dict:
     person = {p: i for i, p in enumerate(ds.manifest["people"])}
 
     def probes() -> dict:
-        # [ours, issue 12] the cell is chosen on clean training questions held out from the probe's fit
+        # [ours] the cell is chosen on clean training questions held out from the probe's fit
         # (``select``), disjoint from the noisy questions and held-out test questions it is reported on
         sel_idx, fit_idx = thr_selection_split(len(clean_q), cfg.seed)
         fit_b, sel_b = clean_b.select(torch.as_tensor(fit_idx)), clean_b.select(torch.as_tensor(sel_idx))
