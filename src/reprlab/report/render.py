@@ -57,6 +57,12 @@ code{font-size:.9em} .note{color:var(--muted)}
 border-right:0;border-bottom:1px solid var(--line);padding-bottom:1rem}}
 """
 
+# A link to a section inside a folded one opens the folds around it (and scrolls there again once open).
+_JS = """function reveal(){var id=decodeURIComponent(location.hash.slice(1));var t=id&&document.getElementById(id);
+if(!t)return;for(var d=t.parentElement&&t.parentElement.closest('details');d;
+d=d.parentElement&&d.parentElement.closest('details')){d.open=true}t.scrollIntoView()}
+addEventListener('hashchange',reveal);addEventListener('DOMContentLoaded',function(){if(location.hash)reveal()});"""
+
 VERDICT_CLASS = {"holds": "holds", "does not hold": "fails", "n/a": "na"}
 TALL_ROWS = 25  # tables longer than this scroll vertically inside their box too
 
@@ -242,7 +248,8 @@ def render(sections: Sequence[Section], title: str, out_dir: Path, stem: str = "
         page.emit(sec, 0)
     doc = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-           f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><div class=\"layout\">"
+           f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{_JS}</script></head>"
+           "<body><div class=\"layout\">"
            f"{page.toc_html()}<main><h1 id=\"top\">{html.escape(title)}</h1>{''.join(page.body)}</main>"
            "</div></body></html>")  # fmt: skip
     md = f"# {title}\n\n**Contents**\n\n{page.toc_markdown()}\n" + "\n".join(page.md)
