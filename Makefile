@@ -11,6 +11,7 @@ PIP := $(PY) -m pip
 CONSTRAINTS ?= constraints/cpu.txt
 STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml $(CONSTRAINTS) Makefile 2>/dev/null | sha1sum | cut -c1-12)
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CHROMIUM := /usr/bin/chromium
 OFFLINE := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
 # pip's find-links config here prints a warning per package it looks up; keep errors, drop that noise
@@ -18,7 +19,7 @@ QUIETPIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' 
 
 .PHONY: install demo test test-slow test-openclip openclip-env bench lint fmt clean
 
-install: $(STAMP) $(FMNIST)
+install: $(STAMP) $(FMNIST) $(CHROMIUM)
 
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -42,6 +43,13 @@ $(FMNIST):
 	@echo "==> installing Fashion-MNIST (Debian dataset-fashion-mnist)"
 	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
 	else sudo apt-get update -qq && sudo apt-get install -y -qq dataset-fashion-mnist; fi
+
+# headless Chromium for the report browser test (tests/test_report_browser.py); playwright drives this
+# executable and never downloads a browser of its own
+$(CHROMIUM):
+	@echo "==> installing Chromium (Debian chromium) for the report browser test"
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi
 
 demo: install
 	$(OFFLINE) $(VENV)/bin/reprlab demo --out runs/demo
