@@ -2,7 +2,7 @@
 
 Libraries under reprlab talk to each other in ways a user cannot act on: peft reads transformers'
 deprecated ``is_gradient_checkpointing`` alias (a FutureWarning on every LoRA model), gensim logs every
-training epoch at INFO. Those are filtered here, by name, so that what remains on the screen (and in
+training epoch at INFO, transformers draws a "Loading weights" bar for every model it loads. Those are filtered here, by name, so that what remains on the screen (and in
 ``run.log``) is about the user's run; our own warnings are never filtered. The same filters apply in the
 test suite (``tests/conftest.py`` adds :data:`WARNING_FILTERS` to pytest's ``filterwarnings``).
 """
@@ -58,6 +58,7 @@ def third_party_quiet(enabled: bool | None = None) -> Iterator[None]:
         return
     loggers = {name: logging.getLogger(name) for name in QUIET_LOGGERS}
     levels = {name: lg.level for name, lg in loggers.items()}
+    bars = _hf_progress_bars(False)
     with warnings.catch_warnings():
         apply_filters()
         for lg in loggers.values():
@@ -68,3 +69,22 @@ def third_party_quiet(enabled: bool | None = None) -> Iterator[None]:
         finally:
             for name, lg in loggers.items():
                 lg.setLevel(levels[name])
+            _hf_progress_bars(bars)
+
+
+def _hf_progress_bars(on: bool) -> bool:
+    """Switch transformers' and huggingface_hub's tqdm bars ("Loading weights ...") on or off; returns the
+    previous state. Before either is imported, the environment variable they read at import does it."""
+    import sys
+
+    before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        before = hf_logging.is_progress_bar_enabled()
+        hf_logging.enable_progress_bar() if on else hf_logging.disable_progress_bar()
+    elif on:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    else:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return before

@@ -14,7 +14,7 @@ from reprlab.errors import ReprlabError, RunFolderError
 from reprlab.jsonfile import NULL_REASON
 from reprlab.report.figures import pyplot
 from reprlab.report.headline import headlines_of, run_headline
-from reprlab.report.render import fmt, render
+from reprlab.report.render import render
 from reprlab.report.section import Section
 from reprlab.runs.atomic import read_json
 
@@ -95,13 +95,13 @@ def claims_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not r.get("lines")
                 else ["precondition not met:", *r["lines"]]
             )
-        row = {"verdict": r["verdict"], "claim": r["claim"], "statement": r.get("statement", ""),
+        row = {"verdict": r["verdict"], "claim": [r["claim"], r.get("statement", "")],
                "evidence (✓ met, ✗ not met)": why}  # fmt: skip
         share = r.get("holds on seeds")
         if isinstance(share, dict) and share.get("n"):
             k = round(share["mean"] * share["n"])
-            ci = "" if share.get("ci_lo") is None else f" [{fmt(share['ci_lo'])}, {fmt(share['ci_hi'])}]"
-            row["holds on seeds"] = f"{k} of {share['n']}{ci}"
+            ci = "" if share.get("ci_lo") is None else f" [{share['ci_lo']:.2f}, {share['ci_hi']:.2f}]"
+            row["holds on seeds"] = f"{k}/{share['n']}{ci}"
         elif "holds on seeds" in r:
             row["holds on seeds"] = "n/a"
         out.append(row)

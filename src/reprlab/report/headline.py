@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprlab.jsonfile import NULL_REASON
-from reprlab.report.render import fmt
+from reprlab.report.render import fmt, fmt_ci
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def run_headline(h: Headline, summary: Mapping[str, Any]) -> list[dict[str, Any]
             return h.labels[col][v]
         lo, hi = summary.get(f"{key}_lo"), summary.get(f"{key}_hi")
         if isinstance(lo, int | float) and isinstance(hi, int | float):
-            return f"{fmt(v)} [{fmt(lo)}, {fmt(hi)}]"
+            return fmt_ci(v, lo, hi)
         return fmt(v)
 
     return _grid(h, cell)
@@ -95,46 +95,58 @@ def sweep_headline(h: Headline, detail: Mapping[str, Mapping[str, Any]]) -> list
             return None
         if info.get("ci_lo") is None:
             return f"{fmt(info['mean'])} (1 seed)"
-        return f"{fmt(info['mean'])} [{fmt(info['ci_lo'])}, {fmt(info['ci_hi'])}]"
+        return fmt_ci(info["mean"], info["ci_lo"], info["ci_hi"])
 
     return _grid(h, cell)
 
 
-def sweep_figure(heads: Sequence[Headline], detail: Mapping[str, Mapping[str, Any]], max_panels: int = 4):
-    """Every seed's value (dots), the mean (bar) and its 95 % interval (whisker) for each headline key."""
+def sweep_figure(heads: Sequence[Headline], detail: Mapping[str, Mapping[str, Any]], max_panels: int = 6):
+    """Every seed's value (dots), the mean (bar) and its 95 % interval (whisker) for headline keys.
+
+    A grid headline gets one panel per column (its rows side by side, on one scale); a one-column headline
+    gets one panel per row, since its rows are different quantities on different scales.
+    """
     from reprlab.report.figures import pyplot
 
     panels = []
     for h in heads:
-        for col_label, col in h.cols:
-            entries = [(label, detail[h.key(r, col)]) for label, r in h.rows if h.key(r, col) in detail]
-            if entries:
-                panels.append((col_label if len(h.cols) > 1 else (h.caption or "headline"), entries))
+        if len(h.cols) > 1:
+            for col_label, col in h.cols:
+                entries = [(label, detail[h.key(r, col)]) for label, r in h.rows if h.key(r, col) in detail]
+                if entries:
+                    panels.append((col_label, entries))
+        else:
+            col = h.cols[0][1]
+            panels += [(label.strip(" …"), [("", detail[h.key(r, col)])]) for label, r in h.rows
+                       if h.key(r, col) in detail]  # fmt: skip
     panels = panels[:max_panels]
     if not panels:
         return None
     plt = pyplot()
-    width = max(len(e) for _, e in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(min(16, 1.2 + 0.9 * width * len(panels) + 1.6 * len(panels)), 4.2),
-                             squeeze=False)  # fmt: skip
-    for ax, (title, entries) in zip(axes[0], panels):
+    widths = [max(1.0, 0.9 * len(e)) + 1.2 for _, e in panels]
+    cols = min(len(panels), 3 if max(len(e) for _, e in panels) > 2 else 6)
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(min(16.0, sum(widths[:cols]) + 0.5), 3.8 * rows), squeeze=False
+    )
+    for ax, (title, entries) in zip(axes.flat, panels):
         for i, (_, info) in enumerate(entries):
             vals = [v for v in info["per_seed"].values() if isinstance(v, int | float)]
-            jitter = [i + 0.12 * ((j % 5) - 2) / 2 for j in range(len(vals))]
-            ax.scatter(jitter, vals, s=22, color="0.35", zorder=3, label="one seed" if i == 0 else None)
+            jitter = [i + 0.08 * (j - (len(vals) - 1) / 2) for j in range(len(vals))]
             lo, hi = info.get("ci_lo"), info.get("ci_hi")
-            ax.bar(i, info["mean"], width=0.6, color="C0", alpha=0.35, label="mean" if i == 0 else None)
+            ax.bar(i, info["mean"], width=0.6, color="C0", alpha=0.3, label="mean" if i == 0 else None)
             if lo is not None:
-                ax.errorbar(i, info["mean"], yerr=[[info["mean"] - lo], [hi - info["mean"]]], color="C0", capsize=6,
+                ax.errorbar(i, info["mean"], yerr=[[info["mean"] - lo], [hi - info["mean"]]], color="C0", capsize=8,
                             lw=2, label="95% interval" if i == 0 else None)  # fmt: skip
-        ax.set_xticks(
-            range(len(entries)),
-            [e[0] for e in entries],
-            rotation=30 if width > 4 else 0,
-            ha="right" if width > 4 else "center",
-        )
+            ax.scatter(jitter, vals, s=26, color="0.25", zorder=3, label="one seed" if i == 0 else None)
+        labels = [e[0] for e in entries]
+        ax.set_xticks(range(len(entries)), labels, rotation=30 if len(entries) > 4 else 0,
+                      ha="right" if len(entries) > 4 else "center")  # fmt: skip
         ax.set_title(title)
         ax.grid(axis="x", visible=False)
-    axes[0][0].legend(loc="best")
-    fig.tight_layout()
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, -0.01))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig

@@ -47,7 +47,8 @@ table{border-collapse:collapse;font-size:.88rem}
 th,td{border:1px solid var(--line);padding:.25rem .55rem;text-align:left;vertical-align:top}
 th{background:var(--bg2);position:sticky;top:0}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.lines{white-space:nowrap;font-size:.84rem}
+td.lines{white-space:pre-wrap;font-size:.84rem;min-width:22rem}
+td.prose{min-width:18rem;max-width:34rem}
 .caption{font-weight:600;margin:.8rem 0 .2rem}
 .verdict{font-weight:600;white-space:nowrap} .holds{color:var(--ok)} .fails{color:var(--bad)} .na{color:var(--na)}
 figure{margin:.6rem 0} figure img{max-width:100%;height:auto;border:1px solid var(--line);background:#fff}
@@ -74,12 +75,23 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return "n/a"
-        if value == 0 or 1e-3 <= abs(value) < 1e5:
+        if value == 0 or 1e-4 <= abs(value) < 1e5:
             return f"{value:.4g}"
         return f"{value:.3e}"
     if isinstance(value, list | tuple):
         return "; ".join(fmt(v) for v in value)
     return "" if value is None else str(value)
+
+
+def fmt_ci(value: float, lo: float | None, hi: float | None) -> str:
+    """``value [lo, hi]`` with one number of decimals for all three: two significant digits of the half-width."""
+    if lo is None or hi is None or not all(math.isfinite(v) for v in (value, lo, hi)):
+        return fmt(value)
+    half = (hi - lo) / 2
+    if half <= 0:  # every seed gave the same value
+        return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
+    decimals = min(6, max(0, 1 - math.floor(math.log10(half))))
+    return f"{value:.{decimals}f} [{lo:.{decimals}f}, {hi:.{decimals}f}]"
 
 
 def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -124,7 +136,9 @@ def _cell_html(value: Any, numeric: bool) -> str:
     text = html.escape(fmt(value))
     if isinstance(value, str) and value in VERDICT_CLASS:
         return f'<td><span class="verdict {VERDICT_CLASS[value]}">{text}</span></td>'
-    return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
+    if numeric:
+        return f'<td class="num">{text}</td>'
+    return f'<td class="prose">{text}</td>' if len(text) > 60 else f"<td>{text}</td>"
 
 
 def table_html(rows: Sequence[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from reprlab.report.build import claims_section
 from reprlab.report.headline import headlines_of, sweep_figure, sweep_headline
-from reprlab.report.render import fmt, render
+from reprlab.report.render import fmt, fmt_ci, render
 from reprlab.report.section import Section
 from reprlab.results.intervals import METHOD_TEXT
 from reprlab.runs.atomic import read_json
@@ -20,7 +20,7 @@ from reprlab.runs.atomic import read_json
 def _cell(info: dict) -> str:
     if info["ci_lo"] is None:
         return f"{fmt(info['mean'])} (n=1)"
-    return f"{fmt(info['mean'])} [{fmt(info['ci_lo'])}, {fmt(info['ci_hi'])}]"
+    return fmt_ci(info["mean"], info["ci_lo"], info["ci_hi"])
 
 
 def _module(recipe: str):
@@ -57,8 +57,8 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
     if claims is not None:
         claims.figure = sweep_figure(heads, detail)
         if claims.figure is not None:
-            claims.text += ("\n\nThe figure shows each seed's value (grey dots), the mean (bar) and its 95% "
-                            "interval (whisker) for the headline keys.")  # fmt: skip
+            claims.text += ("\n\nThe figure below the tables shows each seed's value (grey dots), the mean (bar) "
+                            "and its 95% interval (whisker) for the headline keys.")  # fmt: skip
         sections.append(claims)
     rows = []
     for key, info in detail.items():

@@ -96,13 +96,13 @@ def test_headline_table_lays_out_cells_and_drops_empty_rows_and_columns():
     summary = {"none.asr": 0.62, "otcclip.asr": -1.0, "none.acc": 0.4, "none.acc_lo": 0.35, "none.acc_hi": 0.45,
                "otcclip.acc": None, "otcclip.acc.null_reason": "constant input"}  # fmt: skip
     rows = run_headline(h, summary)
-    assert rows == [{"defense": "none", "ASR": "0.62", "acc": "0.4 [0.35, 0.45]"},
+    assert rows == [{"defense": "none", "ASR": "0.62", "acc": "0.400 [0.350, 0.450]"},
                     {"defense": "OTCCLIP", "ASR": "coded", "acc": "n/a (constant input)"}]  # fmt: skip
     detail = {
         "none.asr": {"mean": 0.5, "ci_lo": 0.4, "ci_hi": 0.6},
         "otcclip.asr": {"mean": 0.1, "ci_lo": None},
     }
-    assert sweep_headline(h, detail) == [{"defense": "none", "ASR": "0.5 [0.4, 0.6]"},
+    assert sweep_headline(h, detail) == [{"defense": "none", "ASR": "0.50 [0.40, 0.60]"},
                                          {"defense": "OTCCLIP", "ASR": "0.1 (1 seed)"}]  # fmt: skip
 
 

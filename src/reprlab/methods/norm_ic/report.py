@@ -285,7 +285,11 @@ def length_figure(length: dict, kind: str = "synthetic"):
         ax.set_ylabel("‖v_n‖² / ‖v_N‖²")
     for ax in list(axes.flat)[len(srcs) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend: dict[str, object] = {}  # every composition drawn in any panel, once
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, h)
+    handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), bbox_to_anchor=(0.5, -0.02),
                frameon=False)  # fmt: skip
     fig.tight_layout(rect=(0, 0.08, 1, 1))
