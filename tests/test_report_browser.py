@@ -2,6 +2,8 @@
 opened in headless Chromium at 1400 px. The claims come first after the title, every table-of-contents link
 lands on its section, every image loads, and nothing is wider than the window outside a scroll box."""
 
+import json
+
 import pytest
 
 from tests.report_browser import check_report, chromium_path, open_browser, problems
@@ -31,8 +33,16 @@ def test_report_reads_in_a_browser(micro_runs, browser, name):
     assert len(res["links"]) >= 3 and res["images"], res  # a real page: sections and figures
     if name == "demo":  # each method's section opens with that method's claims
         firsts = {s["id"]: s["firstChild"] for s in res["nested"]}
+        md = (micro_runs["demo"] / "report.md").read_text()
         for recipe in ("normic-tiny", "rote-fda-tiny", "otcclip-tiny", "crl-tiny"):
             assert firsts[recipe] == f"{recipe}-claims", firsts
+            # the overview's verdict counts are this run's claims.json
+            row = next(ln for ln in md.splitlines() if ln.startswith(f"| [{recipe}]"))
+            counts = [int(c) for c in row.strip("| ").split(" | ")[2:]]
+            verdicts = [
+                c["verdict"] for c in json.loads((micro_runs[recipe] / "claims.json").read_text())["claims"]
+            ]
+            assert counts == [verdicts.count(v) for v in ("holds", "does not hold", "n/a")], row
 
 
 def test_the_checks_catch_a_broken_page(browser, tmp_path):

@@ -89,9 +89,7 @@ def build_demo_report(out: Path) -> tuple[Path, Path]:
         claims_path = out / e["run_dir"] / "claims.json"
         if e["status"] == "ok" and claims_path.exists():
             verdicts = [c["verdict"] for c in read_json(claims_path)["claims"]]
-            row += (
-                " | ".join(["", *(str(verdicts.count(v)) for v in ("holds", "does not hold", "n/a"))]) + " |"
-            )
+            row += " " + " | ".join(str(verdicts.count(v)) for v in ("holds", "does not hold", "n/a")) + " |"
         else:
             row += " – | – | – |"
         rows.append(row)

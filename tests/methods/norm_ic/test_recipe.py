@@ -101,7 +101,9 @@ def test_report_and_resume(tiny_run):
     titles = [sec.title for sec in sections]
     assert any("Word level" in t for t in titles) and any("Constant entropy" in t for t in titles)
     for sec in sections:
-        if sec.title.startswith(("Word level", "Constant entropy")):  # figure first, the full table folded below
+        if sec.title.startswith(
+            ("Word level", "Constant entropy")
+        ):  # figure first, the full table folded below
             assert sec.figure is not None and sec.children[0].table and sec.children[0].collapsed, sec.title
         if sec.title.startswith(("Compositions", "Fixed point")):
             assert sec.table, sec.title
