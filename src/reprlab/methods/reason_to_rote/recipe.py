@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError
+from reprlab.jsonfile import null_as_nan
 from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
@@ -129,10 +130,11 @@ def dynamics_summary(rows: list[dict], threshold: float = 0.5) -> dict:
 
 
 def _metrics_rows(run) -> list[dict]:
+    """metrics.jsonl rows; a rate that was NaN (no noisy items) is written as null and read back as NaN."""
     path = run.dir / "metrics.jsonl"
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
+    if not path.exists():
+        return []
+    return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def preflight(cfg: Config) -> None:
