@@ -9,13 +9,14 @@ from reprlab.quiet import third_party_quiet
 from reprlab.runs.runlog import run_log
 
 
-def test_run_log_keeps_info_warnings_and_resumes_below_a_marker(tmp_path):
+def test_run_log_keeps_info_warnings_and_resumes_below_a_marker(tmp_path, recwarn):
     with run_log(tmp_path) as path:
         logging.getLogger("reprlab.x").info("hello %d", 1)
         warnings.warn("something to act on", UserWarning, stacklevel=1)
     logging.getLogger("reprlab.x").info("after the run")  # not in the file: the handler is gone
     with run_log(tmp_path, resumed=True):
         logging.getLogger("reprlab.x").info("second part")
+    assert [str(w.message) for w in recwarn] == ["something to act on"]  # still shown (recorded) as before
     text = path.read_text()
     assert "INFO reprlab.x: hello 1" in text and "something to act on" in text and "after the run" not in text
     assert text.index("hello 1") < text.index("--- resumed") < text.index("second part")
