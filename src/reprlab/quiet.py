@@ -58,7 +58,7 @@ def third_party_quiet(enabled: bool | None = None) -> Iterator[None]:
         return
     loggers = {name: logging.getLogger(name) for name in QUIET_LOGGERS}
     levels = {name: lg.level for name, lg in loggers.items()}
-    bars = _hf_progress_bars(False)
+    restore_bars = _hf_progress_bars_off()
     with warnings.catch_warnings():
         apply_filters()
         for lg in loggers.values():
@@ -69,22 +69,25 @@ def third_party_quiet(enabled: bool | None = None) -> Iterator[None]:
         finally:
             for name, lg in loggers.items():
                 lg.setLevel(levels[name])
-            _hf_progress_bars(bars)
+            restore_bars()
 
 
-def _hf_progress_bars(on: bool) -> bool:
-    """Switch transformers' and huggingface_hub's tqdm bars ("Loading weights ...") on or off; returns the
-    previous state. Before either is imported, the environment variable they read at import does it."""
+def _hf_progress_bars_off():
+    """Switch off transformers' and huggingface_hub's tqdm bars ("Loading weights ..."); returns the undo.
+
+    Once transformers is imported, through its switch; before, through the environment variable both read at
+    import (it then stays for the process: the hub refuses to re-enable bars over it, with a warning).
+    """
     import sys
 
-    before = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1"
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
-        before = hf_logging.is_progress_bar_enabled()
-        hf_logging.enable_progress_bar() if on else hf_logging.disable_progress_bar()
-    elif on:
-        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
-    else:
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    return before
+        if not hf_logging.is_progress_bar_enabled():
+            return lambda: None
+        hf_logging.disable_progress_bar()
+        return hf_logging.enable_progress_bar
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        return lambda: None
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return lambda: os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
