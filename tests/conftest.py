@@ -47,13 +47,9 @@ def device() -> torch.device:
 
 @pytest.fixture(scope="session")
 def micro_runs(tmp_path_factory):
-    """Every method's micro variant run once per session (tests/micro_runs.py), shared by the tests that need
-    finished run folders: determinism (as its first run), reports in a browser, standard JSON."""
-    from tests.micro_runs import make_micro_runs
+    """Every method's micro variant, each run once per session on first use (tests/micro_runs.py), shared by
+    the tests that need finished run folders: determinism (as its first run), Norm-IC's recipe tests, reports
+    in a browser, standard JSON."""
+    from tests.micro_runs import MicroRuns
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # session fixtures run outside the one-thread fixture; fix it for bit-equality
-    try:
-        return make_micro_runs(tmp_path_factory.mktemp("micro"))
-    finally:
-        torch.set_num_threads(threads)
+    return MicroRuns(tmp_path_factory.mktemp("micro"))

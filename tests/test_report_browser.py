@@ -51,7 +51,7 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
     page = tmp_path / "bad.html"
     page.write_text(
         "<html><body><nav id='toc'><a href='#nowhere'>x</a></nav><main><h1>T</h1><section id='other'></section>"
-        "<table><tr><td style='width:3000px'>wide</td></tr></table><img alt='gone' src='missing.png'></main>"
+        "<div style='width:3000px'>wide</div><img alt='gone' src='missing.png'></main>"
         "</body></html>"
     )
     bad = " | ".join(problems(check_report(browser, page)))

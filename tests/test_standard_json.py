@@ -6,7 +6,8 @@ from reprlab.jsonfile import loads_strict
 
 
 def test_every_json_file_of_every_method_parses_strictly(micro_runs):
-    root = micro_runs["demo"].parent
+    micro_runs["smoke-sweep"]  # a 2-seed sweep too: its summary, aggregate and claims files
+    root = micro_runs["demo"].parent  # every method's micro run and the combined report
     files = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
     assert len(files) > 50  # summaries, claims, artefacts, stages, checkpoint metadata, metrics of 5 recipes
     for path in files:

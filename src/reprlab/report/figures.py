@@ -30,6 +30,7 @@ STYLE = {
     "axes.spines.right": False,
     "svg.fonttype": "path",  # text as outlines: the figure looks the same without our fonts installed
     "svg.hashsalt": "reprlab",  # stable element ids, so the same figure gives the same file
+    "figure.max_open_warning": 0,  # a report builds all its sections' figures before rendering them
 }
 MAX_SVG_BYTES = 1_500_000  # above this (dense scatters) the PNG at 2x is lighter for the browser
 PNG_DPI = 200  # 2x the 100-dpi layout size

@@ -10,22 +10,23 @@ from scipy import stats as sps
 from reprlab.cli import execute
 from reprlab.methods.norm_ic.recipe import report_sections
 from reprlab.methods.norm_ic.static import load_glove
+from tests.micro_runs import NORMIC_MICRO
 
 # the shrunken fit vocabulary (250 words) is below the 384-d whitening the recipe warns about: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:whitening .* fit rows; the estimate is noisy:UserWarning")
 
-SMALL = [
-    "ic.corpus=lee", "static.sgns_epochs=1", "vocab.n_eval=150", "vocab.n_fit=250", "vocab.top_k=8000",
-    "decoder.enabled=false", "encoder.layers=[-1]", "encoder.input_table=false", "analysis.n_boot=30",
-    "analysis.compositions=[sum,mean,ind,joint,inf,scaled_c,sif_pc,pooled]", "length.n_docs=2",
-    "length.n_words=12", "length.n_points=4", "length.natural=lee", "length.compositions=[sum,mean,ind,pooled]",
-]  # fmt: skip
+SMALL = NORMIC_MICRO  # the micro variant every session runs once (tests/micro_runs.py)
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(tmp_path_factory, micro_runs):
+    """A copy of the session's micro Norm-IC run (the same SMALL overrides, tests/micro_runs.py): these tests
+    resume into it, so they get their own folder."""
+    import shutil
+
     out = tmp_path_factory.mktemp("normic") / "run"
-    return execute("normic-tiny", SMALL, out=out, quiet=True)
+    shutil.copytree(micro_runs["normic-tiny"], out)
+    return out
 
 
 def test_summary_has_the_issue_keys_with_consistent_cis(tiny_run):

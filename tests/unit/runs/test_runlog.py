@@ -45,11 +45,17 @@ def test_third_party_future_warnings_are_quiet_ours_are_not(monkeypatch):
 @pytest.mark.parametrize("verbose", ["0", "1"])
 def test_gensim_info_lines_are_kept_out_unless_verbose(monkeypatch, caplog, verbose):
     monkeypatch.setenv("REPRLAB_VERBOSE", verbose)
-    caplog.set_level(logging.INFO)
-    with third_party_quiet():
-        logging.getLogger("gensim.models.word2vec").info("EPOCH 1: training on 1000 raw words")
-    assert ("EPOCH 1" in caplog.text) == (verbose == "1")
-    assert logging.getLogger("gensim").level == logging.NOTSET  # restored after the block
+    gensim = logging.getLogger("gensim")
+    before = gensim.level
+    gensim.setLevel(logging.NOTSET)  # as in a fresh process (the CLI tests of this session quiet it for good)
+    try:
+        caplog.set_level(logging.INFO)
+        with third_party_quiet():
+            logging.getLogger("gensim.models.word2vec").info("EPOCH 1: training on 1000 raw words")
+        assert ("EPOCH 1" in caplog.text) == (verbose == "1")
+        assert gensim.level == logging.NOTSET  # restored after the block
+    finally:
+        gensim.setLevel(before)
 
 
 def test_a_run_folder_gets_run_log(tmp_path):
