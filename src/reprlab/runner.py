@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from reprlab.jsonfile import with_null_reasons
 from reprlab.quiet import third_party_quiet
 from reprlab.recipes import get_recipe
 from reprlab.results.claims import record_claims
@@ -95,7 +96,9 @@ def _run_body(run, module, cfg, claims, trackers, demo: bool) -> None:
     t0 = time.time()
     summary = module.run(cfg, run)
     if run.is_main:
-        summary = dict(summary or {})
+        summary = with_null_reasons(
+            summary or {}
+        )  # NaN -> null + reason, so a claim on it says why it is n/a
         summary.setdefault("wall_time_s", round(time.time() - t0, 1))
         if demo:
             summary.setdefault("variant", "demo")
