@@ -250,8 +250,16 @@ class _Page:
         )
 
     def toc_markdown(self) -> str:
+        """The contents as a nested list linking GitHub-style heading anchors (the HTML ids differ)."""
         top = min((level for level, _, _ in self.toc), default=2)
-        return "\n".join(f"{'  ' * (level - top)}- [{title}](#{anchor})" for level, anchor, title in self.toc)
+        seen: dict[str, int] = {}
+        lines = []
+        for level, _, title in self.toc:
+            base = "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            lines.append(f"{'  ' * (level - top)}- [{title}](#{base}{f'-{n}' if n else ''})")
+        return "\n".join(lines)
 
 
 def render(sections: Sequence[Section], title: str, out_dir: Path, stem: str = "report") -> tuple[Path, Path]:
