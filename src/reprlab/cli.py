@@ -285,7 +285,7 @@ def demo_cmd(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Run every method's short demo recipe and write one combined report (about 15 minutes on 2 CPU cores)."""
+    """Run every method's short demo recipe and write one combined report (minutes on 2 CPU cores; each run folder's run.log times its parts)."""
     from reprlab.demo import run_demo
 
     _setup_logging(quiet)
