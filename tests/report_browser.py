@@ -49,12 +49,23 @@ _LAYOUT_JS = """() => {
           images: [...document.images].map(i => ({alt: i.alt, ok: i.complete && i.naturalWidth > 0}))};
 }"""
 
-_LANDED_JS = """(id) => {
-  const t = document.getElementById(id);
-  if (!t) return {found: false};
-  const top = t.getBoundingClientRect().top;
-  const maxScroll = document.documentElement.scrollHeight - innerHeight;
-  return {found: true, top, atBottom: scrollY >= maxScroll - 2, height: innerHeight, hash: location.hash};
+# Click every table-of-contents link as a reader would (one after another, from wherever the last one left
+# the page) and record where its target ended up; waits a task and two frames after each click so the
+# page's own hashchange handler (which opens folded sections) has run.
+_LINKS_JS = """async () => {
+  const settle = () => new Promise(r => setTimeout(() => requestAnimationFrame(() => requestAnimationFrame(r)), 0));
+  const out = {};
+  for (const a of document.querySelectorAll('nav#toc a')) {
+    const id = decodeURIComponent(a.getAttribute('href').slice(1));
+    a.click();
+    await settle();
+    const t = document.getElementById(id);
+    if (!t) { out[id] = {found: false}; continue; }
+    const maxScroll = document.documentElement.scrollHeight - innerHeight;
+    out[id] = {found: true, top: t.getBoundingClientRect().top, atBottom: scrollY >= maxScroll - 2,
+               height: innerHeight, shown: t.getClientRects().length > 0};
+  }
+  return out;
 }"""
 
 
@@ -79,11 +90,7 @@ def check_report(browser, html: Path, screenshot: Path | None = None) -> dict:
         if screenshot is not None:
             Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot))
-        links = {}
-        hrefs = page.eval_on_selector_all("nav#toc a", "els => els.map(a => a.getAttribute('href'))")
-        for href in hrefs:
-            page.click(f'nav#toc a[href="{href}"]')
-            links[href[1:]] = page.evaluate(_LANDED_JS, href[1:])
+        links = page.evaluate(_LINKS_JS)
         out = page.evaluate(_LAYOUT_JS)
         out["links"] = links
         return out
@@ -99,6 +106,8 @@ def problems(result: dict) -> list[str]:
     for href, landed in result["links"].items():
         if not landed["found"]:
             bad.append(f"TOC link #{href} has no target")
+        elif not landed["shown"]:
+            bad.append(f"TOC link #{href} points into a folded section that stays folded (not shown)")
         elif not (abs(landed["top"]) <= 2 or (landed["atBottom"] and 0 <= landed["top"] < landed["height"])):
             bad.append(f"TOC link #{href} landed {landed['top']:.0f} px from the top")
     if result["pageWidth"] > result["viewport"]:

@@ -46,11 +46,12 @@ def test_report_reads_in_a_browser(micro_runs, browser, name):
 
 
 def test_the_checks_catch_a_broken_page(browser, tmp_path):
-    """The check fails on what it exists to catch (a wide table outside a scroll box, a broken image, a TOC
-    link without a target, claims not first)."""
+    """The check fails on what it exists to catch (a wide element outside a scroll box, a broken image, a TOC
+    link without a target or into a section that stays folded, claims not first)."""
     page = tmp_path / "bad.html"
     page.write_text(
-        "<html><body><nav id='toc'><a href='#nowhere'>x</a></nav><main><h1>T</h1><section id='other'></section>"
+        "<html><body><nav id='toc'><a href='#nowhere'>x</a><a href='#inside'>y</a></nav><main><h1>T</h1>"
+        "<section id='other'><div style='display:none'><section id='inside'>z</section></div></section>"
         "<div style='width:3000px'>wide</div><img alt='gone' src='missing.png'></main>"
         "</body></html>"
     )
@@ -60,5 +61,6 @@ def test_the_checks_catch_a_broken_page(browser, tmp_path):
         "#nowhere has no target",
         "wider than the window",
         "image not loaded",
+        "#inside points into a folded section",  # hidden (Chromium itself opens a <details> on navigation)
     ):
         assert what in bad, bad
