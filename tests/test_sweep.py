@@ -55,20 +55,35 @@ def test_one_ordinary_run_folder_per_seed(sweep):
 def test_aggregate_keys_against_scipy(sweep):
     agg = _read(sweep / "summary.json")
     accs = [_read(sweep / f"seed-{s}" / "summary.json")["test_acc"] for s in (0, 1, 2)]
-    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(accs), scale=stats.sem(accs))
-    assert agg["test_acc"] == pytest.approx(np.mean(accs), abs=1e-12)
-    assert agg["test_acc.ci_lo"] == pytest.approx(lo, abs=1e-12) and agg["test_acc.ci_hi"] == pytest.approx(
-        hi
+    losses = [_read(sweep / f"seed-{s}" / "summary.json")["final_loss"] for s in (0, 1, 2)]
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(losses), scale=stats.sem(losses))  # continuous: t
+    assert agg["final_loss"] == pytest.approx(np.mean(losses), abs=1e-12)
+    assert agg["final_loss.ci_lo"] == pytest.approx(lo, abs=1e-12) and agg[
+        "final_loss.ci_hi"
+    ] == pytest.approx(hi)
+    assert agg["final_loss.ci_method"] == "student-t"
+    # test_acc is declared a proportion: Wilson's score interval at n_eff = p(1-p)·n/s², t quantile, in [0, 1]
+    p, n, sd = np.mean(accs), 3, np.std(accs, ddof=1)
+    n_eff, t = p * (1 - p) * n / sd**2, stats.t.ppf(0.975, n - 1)
+    centre, half = (p + t**2 / (2 * n_eff)) / (1 + t**2 / n_eff), t / (1 + t**2 / n_eff) * np.sqrt(
+        p * (1 - p) / n_eff + t**2 / (4 * n_eff**2))  # fmt: skip
+    assert agg["test_acc"] == pytest.approx(p, abs=1e-12) and agg["test_acc.ci_method"] == "wilson-eff"
+    assert agg["test_acc.ci_lo"] == pytest.approx(centre - half) and agg["test_acc.ci_hi"] == pytest.approx(
+        centre + half
     )
+    assert 0 <= agg["test_acc.ci_lo"] <= p <= agg["test_acc.ci_hi"] <= 1
     assert agg["test_acc.n"] == 3 and agg["seeds.n"] == 3
     per_seed = [_read(sweep / f"seed-{s}" / "summary.json")["claims.learns"] for s in (0, 1, 2)]
     assert agg["claims.learns"] == pytest.approx(np.mean(per_seed))  # share of seeds on which it held
+    assert agg["claims.learns.ci_method"] == "wilson"
     assert agg["claims_on_mean.learns"] == int(np.mean(accs) >= 0.85)  # the claim evaluated on the mean
     claims = _read(sweep / "claims.json")["claims"]
     assert {c["claim"] for c in claims} == {"learns", "loss_below_chance"}
-    assert claims[0]["holds on seeds"] == f"{np.mean(per_seed):.2f}"
+    assert claims[0]["holds on seeds"]["mean"] == pytest.approx(np.mean(per_seed))
+    assert claims[0]["holds on seeds"]["n"] == 3
     md = (sweep / "report.md").read_text()
-    assert "Metrics over seeds" in md and "seed 2" in md and "Claims" in md
+    assert "Every metric over seeds" in md and "seed 2" in md and "Claims and headline results" in md
+    assert "mean [95% interval] over 3 seeds" in md  # the curated headline with its interval
 
 
 def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):

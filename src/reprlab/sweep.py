@@ -248,9 +248,9 @@ def _write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim]
                      failed: dict[int, str] | None) -> Path:  # fmt: skip
     from reprlab.report.sweep import build_sweep_report
 
-    flat, detail = aggregate_summaries(runs)
+    flat, detail = aggregate_summaries(runs, _summary_kinds(runs[0].recipe))
     on_mean = evaluate_claims(claims, {k: v for k, v in flat.items() if not k.startswith("claims.")})
-    seed_fraction = {c.name: flat[f"claims.{c.name}"] for c in claims if f"claims.{c.name}" in flat}
+    seed_share = {c.name: detail[f"claims.{c.name}"] for c in claims if f"claims.{c.name}" in detail}
     flat.update(claim_summary_keys(on_mean, prefix="claims_on_mean."))
     atomic_write_json(out / "summary.json", flat)
     atomic_write_json(out / "aggregate.json", {
@@ -258,9 +258,20 @@ def _write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim]
         "runs": [str(r.path) for r in runs], "failed": {str(k): v for k, v in (failed or {}).items()},
         "keys": detail,
     })  # fmt: skip
-    atomic_write_json(out / "claims.json", {"claims": claims_table(on_mean, seed_fraction=seed_fraction)})
+    atomic_write_json(out / "claims.json", {"claims": claims_table(on_mean, seed_share=seed_share)})
     build_sweep_report(out)
     return out / "summary.json"
+
+
+def _summary_kinds(recipe: str) -> dict[str, str]:
+    """The recipe's declared summary-key kinds (proportions get Wilson intervals); none when not installed."""
+    from reprlab.recipes import get_recipe
+
+    try:
+        return get_recipe(recipe).summary_kinds()
+    except (ReprlabError, ImportError):
+        log.warning("recipe %s is not installed here; every key gets the t interval", recipe)
+        return {}
 
 
 def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:

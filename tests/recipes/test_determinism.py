@@ -10,17 +10,9 @@ import json
 import pytest
 
 from reprlab.runner import execute
+from tests.micro_runs import OTC_MICRO, ROTE_MICRO
 
 CLOCKS = ("wall_time_s", "seconds")
-
-ROTE_MICRO = ["threads=1", "task.n_train=600", "task.n_test=100", "task.n_val=100", "train.steps=60",
-              "train.eval_every=30", "train.ckpt_every=30", "train.snapshot_every=30", "analysis.probe_items=120",
-              "analysis.circuit_items=20", "analysis.inlp_iters=2", "analysis.neuron_random_draws=2",
-              "analysis.circuit_nulls=1"]  # fmt: skip
-OTC_MICRO = ["threads=1", "data.n_pairs=200", "data.backdoor_pairs=20", "data.n_targets=2",
-             "data.captions_per_target=10", "train.epochs=3", "train.batch_size=50", "data.n_eval=100",
-             "data.n_probe_train=100", "defense.rematch_warmup=1", "defense.rematch_every=1",
-             "defense.bank_size=256"]  # fmt: skip
 
 
 def _summary(run_dir):
@@ -31,8 +23,8 @@ def _summary(run_dir):
 @pytest.mark.parametrize(
     ("recipe", "overrides"), [("rote-fda-tiny", ROTE_MICRO), ("otcclip-tiny", OTC_MICRO)]
 )
-def test_same_seed_same_summary(tmp_path, recipe, overrides):
-    a = execute(recipe, overrides, tmp_path / "a", quiet=True)
+def test_same_seed_same_summary(tmp_path, micro_runs, recipe, overrides):
+    a = micro_runs[recipe]  # the session's run of this micro variant (tests/micro_runs.py)
     b = execute(recipe, overrides, tmp_path / "b", quiet=True)
     sa, sb = _summary(a), _summary(b)
     assert len(sa) > 10  # the whole pipeline ran, not just training

@@ -32,4 +32,4 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, monkeypatch):
     for name in ("config.yaml", "env.json", "summary.json", "report.html", "report.md"):
         assert (full / name).exists(), name
     html = (full / "report.html").read_text()
-    assert "data:image/png;base64" in html and "test_acc" in html
+    assert "data:image/svg+xml;base64" in html and "test_acc" in html

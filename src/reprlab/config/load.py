@@ -270,3 +270,56 @@ def field_help(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # fmt: skip
         rows.append((key, _type_name(tp), default, f.metadata.get("help", "")))
     return rows
+
+
+def _lookup(nested: Mapping[str, Any] | None, dotted: str) -> tuple[bool, Any]:
+    node: Any = nested
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def resolved_rows(
+    cls: type, cfg: Any, layers: Iterable[tuple[str, Mapping[str, Any] | None]]
+) -> list[dict[str, Any]]:
+    """Every leaf key of ``cfg`` with its value, its source and, where they differ, its dataclass default.
+
+    Args:
+        cls: the root config dataclass.
+        cfg: the resolved config (an instance of ``cls``).
+        layers: ``(source name, nested mapping)`` in the order they are applied (e.g. ``recipe``, ``demo``,
+            ``override``); a key's source is the last layer that sets it, else ``default``.
+
+    Returns:
+        ``{"key", "value", "source", "default", "differs", "type", "help"}`` per leaf, in field order.
+    """
+    layers = list(layers)
+    rows = []
+    for key, tp, default, help_text in field_help(cls):
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        source = "default"
+        for name, nested in layers:
+            if _lookup(nested, key)[0]:
+                source = name
+        plain = config_to_dict(value) if isinstance(value, list | tuple | dict) else value
+        dflt = config_to_dict(default) if isinstance(default, list | tuple | dict) else default
+        rows.append({"key": key, "value": plain, "source": source, "default": dflt, "differs": plain != dflt,
+                     "type": tp, "help": help_text})  # fmt: skip
+    return rows
+
+
+def format_value(value: Any) -> str:
+    """A value as one would type it in a ``key=value`` override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value if value and value.strip() == value and "," not in value else repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)

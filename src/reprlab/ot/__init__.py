@@ -1,6 +1,6 @@
 """Batched optimal transport: log-domain-stable Sinkhorn, IPOT, cost builders, ragged point-set distances.
 
-The performance core of OTCCLIP's patch-to-token matching (``shared/papers/otcclip.md`` section 1.1), usable
+The performance core of OTCCLIP's patch-to-token matching (the paper's OT distance between image patches and caption tokens), usable
 on its own. See ``docs/ot.md`` for the math, the API and the measured speed.
 """
 

@@ -1,7 +1,7 @@
 """OT distance between batches of ragged point sets: costs from points, uniform weights from masks.
 
-This is the OTCCLIP patch-to-token distance ``D(V, T) = <P*, C>`` (``shared/papers/otcclip.md`` section
-1.1 [ours]): cosine cost, uniform weights over the valid points, entropic OT, plan detached.
+This is the OTCCLIP patch-to-token distance ``D(V, T) = <P*, C>`` (the paper's
+form; the details [ours], see ``docs/ot.md``): cosine cost, uniform weights over the valid points, entropic OT, plan detached.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ For each problem in the batch we solve
     \qquad H(P) = -\sum_{kl} P_{kl} (\log P_{kl} - 1)
 
 with the Sinkhorn updates on the dual potentials (Cuturi 2013; log-domain form as in POT's
-``sinkhorn_log`` and the OTCCLIP brief, section 1.1):
+``sinkhorn_log``):
 
 .. math::
     f_k \leftarrow -\varepsilon \log \sum_l b_l e^{(g_l - C_{kl})/\varepsilon}, \qquad
@@ -74,7 +74,7 @@ NUMPY_SMALL = True
 
 # [ours, measured] With a tolerance, a problem that meets it at a check is retired: its plan and potentials
 # are final, and the chunk's remaining blocks run on the still-active problems only (the arrays are compacted,
-# so the batch stays one batched op; the brief's warning is about a per-problem loop, which serialises it).
+# so the batch stays one batched op; a per-problem loop would serialise it).
 # Each problem then stops at its first check below ``tol`` instead of when the whole chunk does. On OTCCLIP's
 # re-matching problems one slow problem kept 250 problems iterating 340 times where the others needed 40
 # (docs/ot.md). False = the whole chunk runs until its largest error meets ``tol`` (the old rule).

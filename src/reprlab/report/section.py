@@ -11,11 +11,16 @@ class Section:
     """One block of a report. Recipes build these only from files saved in the run folder.
 
     Args:
-        title: heading.
-        text: Markdown-ish paragraph (plain text; ``**bold**`` and line breaks are kept).
-        table: rows as dicts with the same keys; floats are formatted to 4 significant digits.
-        figure: a matplotlib figure; it is embedded as PNG in HTML and saved under ``figures/``.
+        title: heading (also the entry in the table of contents).
+        text: Markdown (CommonMark plus tables), rendered by markdown-it-py.
+        table: rows as dicts; floats are formatted to 4 significant digits, a list of strings is shown one
+            line per item. Wide tables scroll inside their box.
+        figure: a matplotlib figure; embedded as SVG (PNG at 2x when the SVG would be heavy) in HTML and
+            saved under ``figures/``. Build it with :func:`reprlab.report.figures.pyplot` for readable sizes.
         level: heading level (2 for a recipe's sections, 1 for a recipe in the combined demo report).
+        children: sub-sections, one heading level deeper.
+        collapsed: start folded (reference material: configs, environment, long tables); the reader opens it.
+        tables: further ``(caption, rows)`` tables after ``table``.
     """
 
     title: str
@@ -24,3 +29,6 @@ class Section:
     figure: Any = None
     level: int = 2
     children: list[Section] = field(default_factory=list)
+    collapsed: bool = False
+    tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    anchor: str = ""

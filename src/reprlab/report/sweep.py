@@ -1,4 +1,4 @@
-"""The report of a seed sweep: claims over seeds, then every key as mean ± CI with each seed's value.
+"""The report of a seed sweep: claims over seeds and the headline with every seed, then every key.
 
 Built only from ``aggregate.json`` and ``claims.json`` in the sweep folder (written by
 :func:`reprlab.sweep.write_aggregate`), so ``reprlab report DIR`` rebuilds it anywhere.
@@ -7,59 +7,83 @@ Built only from ``aggregate.json`` and ``claims.json`` in the sweep folder (writ
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from reprlab.report.build import claims_section
-from reprlab.report.render import fmt, render
+from reprlab.report.headline import headlines_of, sweep_figure, sweep_headline
+from reprlab.report.render import fmt, fmt_ci, render
 from reprlab.report.section import Section
+from reprlab.results.intervals import METHOD_TEXT
 from reprlab.runs.atomic import read_json
 
 
 def _cell(info: dict) -> str:
     if info["ci_lo"] is None:
         return f"{fmt(info['mean'])} (n=1)"
-    return f"{fmt(info['mean'])} ± {fmt((info['ci_hi'] - info['ci_lo']) / 2)}"
+    return fmt_ci(info["mean"], info["ci_lo"], info["ci_hi"])
+
+
+def _module(recipe: str):
+    from reprlab.errors import ReprlabError
+    from reprlab.recipes import get_recipe
+
+    try:
+        return get_recipe(recipe).module()
+    except (ReprlabError, ImportError):
+        return None
+
+
+def _methods_text(detail: dict[str, dict[str, Any]]) -> str:
+    used = sorted({info.get("ci_method", "student-t") for info in detail.values()})
+    return "Intervals (95%): " + "; ".join(
+        f"{m}: {METHOD_TEXT.get(m.split(' ')[0], m)}" + (" (declared proportion, values outside [0, 1])"
+                                                         if "declared" in m else "")
+        for m in used
+    ) + ". Which keys are proportions is declared by the method (docs/reports.md)."  # fmt: skip
 
 
 def sweep_sections(sweep_dir: Path) -> list[Section]:
     agg = read_json(Path(sweep_dir) / "aggregate.json")
+    detail = agg["keys"]
     seeds = [str(s) for s in agg["seeds"]]
+    module = _module(agg["recipe"])
+    means = {k: info["mean"] for k, info in detail.items()}
+    heads = headlines_of(module, means) if module is not None else []
+    tables = [(f"{h.caption or 'Headline results'}: mean [95% interval] over {len(seeds)} seeds",
+               sweep_headline(h, detail)) for h in heads]  # fmt: skip
+    tables = [(c, rows) for c, rows in tables if rows]
     sections = []
-    claims = claims_section(sweep_dir)
+    claims = claims_section(sweep_dir, tables, sweep=True)
     if claims is not None:
+        claims.figure = sweep_figure(heads, detail)
+        if claims.figure is not None:
+            claims.text += ("\n\nThe figure below the tables shows each seed's value (grey dots), the mean (bar) "
+                            "and its 95% interval (whisker) for the headline keys.")  # fmt: skip
         sections.append(claims)
     rows = []
-    for key, info in agg["keys"].items():
+    for key, info in detail.items():
         if key.startswith("claims.") or key == "wall_time_s":
             continue
-        row = {"metric": key, "mean ± CI half-width": _cell(info),
-               "95% CI": "" if info["ci_lo"] is None else f"[{fmt(info['ci_lo'])}, {fmt(info['ci_hi'])}]"}  # fmt: skip
-        row.update(
-            {f"seed {s}": fmt(info["per_seed"].get(s)) if s in info["per_seed"] else "–" for s in seeds}
-        )
+        row = {"metric": key, "mean [95% CI]": _cell(info), "interval": info.get("ci_method", "student-t")}
+        row.update({f"seed {s}": info["per_seed"].get(s, "–") for s in seeds})
         rows.append(row)
-    text = (f"{len(seeds)} seeds ({', '.join(seeds)}) of recipe `{agg['recipe']}`. Interval: {agg['interval']}. "
+    text = (f"{len(seeds)} seeds ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "
             "Run folders: " + ", ".join(f"`{p}`" for p in agg["runs"]) + ".")  # fmt: skip
     if agg.get("failed"):
         text += " **Failed seeds (not aggregated):** " + "; ".join(
             f"{s}: {e}" for s, e in agg["failed"].items()
         )
-    sections.append(Section("Metrics over seeds", text=text, table=rows))
+    sections.append(Section("Every metric over seeds", text=text, table=rows, collapsed=len(rows) > 40))
     sections += _recipe_sweep_sections(agg)
-    if "wall_time_s" in agg["keys"]:
-        info = agg["keys"]["wall_time_s"]
-        sections.append(Section("Wall time", text=f"{_cell(info)} s per seed."))
+    if "wall_time_s" in detail:
+        sections.append(Section("Wall time", text=f"{_cell(detail['wall_time_s'])} s per seed."))
     return sections
 
 
 def _recipe_sweep_sections(agg: dict) -> list[Section]:
     """Sections the recipe draws over all seeds (its entry module's ``sweep_sections(run_dirs)``), if any."""
-    from reprlab.errors import ReprlabError
-    from reprlab.recipes import get_recipe
-
-    try:
-        fn = getattr(get_recipe(agg["recipe"]).module(), "sweep_sections", None)
-    except ReprlabError:
-        return []
+    module = _module(agg["recipe"])
+    fn = getattr(module, "sweep_sections", None) if module is not None else None
     runs = [Path(p) for p in agg["runs"] if Path(p).is_dir()]
     return list(fn(runs)) if fn is not None and runs else []
 

@@ -1,15 +1,15 @@
 """Aggregate finished run folders that differ only in their seed: mean, spread and a 95 % interval per key.
 
-The interval is Student's t interval for the mean, ``mean ± t(0.975, n-1) · sd / sqrt(n)`` with the sample
-standard deviation (``ddof=1``): with 3–10 seeds a normal interval would be too narrow, and a bootstrap over
-so few values is unstable. It assumes the seeds' values are independent draws; for a 0/1 quantity (a claim
-holding) read it as rough. With one seed there is no interval (``ci_lo``/``ci_hi`` are ``null``).
+The interval depends on what the key measures (:mod:`reprlab.results.intervals`): Student's t for means of
+continuous metrics, Wilson score intervals for proportions (declared by the recipe's ``SUMMARY_KINDS``) and
+for the share of seeds on which a claim holds. Each key's method is written beside it as ``K.ci_method``.
+With one seed there is no interval (``ci_lo``/``ci_hi`` are ``null``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,15 @@ from typing import Any
 import yaml
 
 from reprlab.errors import RunFolderError
+from reprlab.results import intervals
 from reprlab.runs.atomic import read_json
 from reprlab.runs.folder import FolderState, folder_state
 
-INTERVAL = "Student t 95% interval of the mean over seeds (sd with ddof=1); null when n < 2"
+INTERVAL = (
+    "95% intervals over seeds: Student t for means of continuous metrics; Wilson score intervals for "
+    "proportions (at the effective sample size) and for the share of seeds on which a claim holds; "
+    "each key's method is in <key>.ci_method; null when n < 2"
+)
 
 
 @dataclass(frozen=True)
@@ -38,15 +43,8 @@ def t_interval(
     values: Sequence[float], level: float = 0.95
 ) -> tuple[float, float, float | None, float | None]:
     """``(mean, sd, lo, hi)`` of the Student t interval of the mean; ``lo``/``hi`` are ``None`` for n < 2."""
-    from scipy import stats
-
-    n = len(values)
-    mean = math.fsum(values) / n
-    if n < 2:
-        return mean, 0.0, None, None
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, sd, mean - half, mean + half
+    res = intervals.t_interval(values, level)
+    return res.mean, res.sd, res.lo, res.hi
 
 
 def read_seed_run(path: Path) -> SeedRun:
@@ -115,12 +113,18 @@ def check_same_setting(runs: Sequence[SeedRun]) -> None:
         raise RunFolderError(f"seed(s) {dupes} appear more than once: {', '.join(paths)}")
 
 
-def aggregate_summaries(runs: Sequence[SeedRun]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def aggregate_summaries(
+    runs: Sequence[SeedRun], kinds: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """``(flat aggregate summary, per-key detail)``.
 
     For every numeric key ``K`` present in every run: ``K`` (mean), ``K.std``, ``K.ci_lo``, ``K.ci_hi``,
-    ``K.n``. A key present in only some runs is aggregated over those (its ``K.n`` says how many). A string
-    key is kept when every run agrees on it. ``claims.<name>`` means become the share of seeds where it held.
+    ``K.n`` and ``K.ci_method``. A key present in only some runs is aggregated over those (its ``K.n`` says
+    how many). A string key is kept when every run agrees on it. ``claims.<name>`` means become the share of
+    seeds where it held.
+
+    Args:
+        kinds: ``{fnmatch pattern: kind}`` from the recipe (``SUMMARY_KINDS``); picks each key's interval.
     """
     keys: list[str] = []
     for r in runs:
@@ -130,16 +134,16 @@ def aggregate_summaries(runs: Sequence[SeedRun]) -> tuple[dict[str, Any], dict[s
     for key in keys:
         vals = [(r.seed, r.summary[key]) for r in runs if key in r.summary]
         nums = [v for _, v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
-        if nums and len(nums) == len(vals):
+        undefined = [v for _, v in vals if v is None]  # written as null: not a finite number on that seed
+        if nums and len(nums) + len(undefined) == len(vals):
             finite = [float(v) for v in nums if math.isfinite(v)]
             if not finite:
                 continue
-            mean, sd, lo, hi = t_interval(finite)
-            flat.update(
-                {key: mean, f"{key}.std": sd, f"{key}.ci_lo": lo, f"{key}.ci_hi": hi, f"{key}.n": len(finite)}
-            )
-            detail[key] = {"mean": mean, "std": sd, "ci_lo": lo, "ci_hi": hi, "n": len(finite),
-                           "per_seed": {str(s): v for s, v in vals}}  # fmt: skip
+            res = intervals.interval(finite, intervals.kind_of(key, kinds))
+            flat.update({key: res.mean, f"{key}.std": res.sd, f"{key}.ci_lo": res.lo, f"{key}.ci_hi": res.hi,
+                         f"{key}.n": res.n, f"{key}.ci_method": res.method})  # fmt: skip
+            detail[key] = {"mean": res.mean, "std": res.sd, "ci_lo": res.lo, "ci_hi": res.hi, "n": res.n,
+                           "ci_method": res.method, "per_seed": {str(s): v for s, v in vals}}  # fmt: skip
         elif len({str(v) for _, v in vals}) == 1 and len(vals) == len(runs):
             flat[key] = vals[0][1]
     flat["seeds.n"] = len(runs)

@@ -15,6 +15,17 @@ A recipe declares claims in its YAML (or its entry module's ``CLAIMS`` list)::
 never ``eval``-ed, so a recipe file cannot run code. A claim whose keys are missing (or not numbers) is
 ``n/a`` rather than false: "not measured" and "does not hold" are different findings.
 
+``requires`` (optional, the same grammar) is the claim's precondition: when it is false the claim is
+``n/a`` with that reason, not "does not hold". A claim about how a model memorised noisy labels says
+nothing about a model that memorised none::
+
+      - name: shared_circuit
+        requires: "{noisy_memorized} >= 0.5"
+        check: "{circuit_iou} > {circuit_iou_null_unrelated} + 0.05"
+
+Every verdict comes with its evidence as readable lines, one per comparison, each with the values it read
+and whether it held (``ClaimResult.lines``), and an ``n/a`` with its reason.
+
 In a sweep the aggregate summary has ``K``, ``K.ci_lo``, ``K.ci_hi``...; a claim may reference those, e.g.
 ``"{otcclip.zero_shot.ci_hi} >= {safeclip.zero_shot}"`` ("within the CI"), and is ``n/a`` on a single run.
 """
@@ -31,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from reprlab.errors import ConfigError
+from reprlab.jsonfile import NULL_REASON
 
 _KEY = re.compile(r"\{([^{}]+)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -43,43 +55,26 @@ _CMPOPS = {
 _FUNCS = {"min": min, "max": max, "abs": abs}
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One declared claim.
+class _Expr:
+    """One parsed claim expression (``check`` or ``requires``): its keys and its whitelisted AST."""
 
-    Args:
-        name: short identifier; ``summary.json`` gets ``claims.<name>``.
-        text: the statement in words (say whose it is: the paper's, or our reading of it).
-        check: the expression over summary keys, see the module docstring.
-    """
-
-    name: str
-    text: str
-    check: str
-    keys: tuple[str, ...] = field(init=False)
-    _tree: ast.Expression = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise ConfigError(f"claim name {self.name!r} may hold only letters, digits, '_', '.', '-'")
-        keys = tuple(dict.fromkeys(_KEY.findall(self.check)))
+    def __init__(self, text: str, claim: str, field_name: str) -> None:
+        keys = tuple(dict.fromkeys(_KEY.findall(text)))
         if not keys:
-            raise ConfigError(f"claim {self.name!r}: check {self.check!r} references no {{summary key}}")
-        src = self.check
+            raise ConfigError(f"claim {claim!r}: {field_name} {text!r} references no {{summary key}}")
+        src = text
         for i, key in enumerate(keys):
             src = src.replace("{" + key + "}", f"__k{i}")
         try:
             tree = ast.parse(src, mode="eval")
         except SyntaxError as err:
             raise ConfigError(
-                f"claim {self.name!r}: check {self.check!r} is not an expression: {err.msg}"
+                f"claim {claim!r}: {field_name} {text!r} is not an expression: {err.msg}"
             ) from err
-        _validate(tree.body, self.name, len(keys))
-        object.__setattr__(self, "keys", keys)
-        object.__setattr__(self, "_tree", tree)
+        _validate(tree.body, claim, len(keys))
+        self.text, self.keys, self.tree = text, keys, tree
 
-    def evaluate(self, summary: Mapping[str, Any]) -> ClaimResult:
-        """Check the claim on one flat summary."""
+    def missing(self, summary: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
         values: dict[str, float] = {}
         missing = []
         for key in self.keys:
@@ -92,27 +87,103 @@ class Claim:
                 missing.append(key)
             else:
                 values[key] = float(v)
+        return values, missing
+
+    def env(self, values: Mapping[str, float]) -> dict[str, float]:
+        return {f"__k{i}": values[k] for i, k in enumerate(self.keys)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One declared claim.
+
+    Args:
+        name: short identifier; ``summary.json`` gets ``claims.<name>``.
+        text: the statement in words (say whose it is: the paper's, or our reading with our threshold).
+        check: the expression over summary keys, see the module docstring.
+        requires: an optional precondition in the same grammar; when false the claim is ``n/a``.
+    """
+
+    name: str
+    text: str
+    check: str
+    requires: str | None = None
+    keys: tuple[str, ...] = field(init=False)
+    _check: _Expr = field(init=False, repr=False, compare=False)
+    _requires: _Expr | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(f"claim name {self.name!r} may hold only letters, digits, '_', '.', '-'")
+        check = _Expr(self.check, self.name, "check")
+        requires = _Expr(self.requires, self.name, "requires") if self.requires else None
+        object.__setattr__(self, "keys", check.keys)
+        object.__setattr__(self, "_check", check)
+        object.__setattr__(self, "_requires", requires)
+
+    def evaluate(self, summary: Mapping[str, Any]) -> ClaimResult:
+        """Check the claim on one flat summary: its precondition first, then the check."""
+        if self._requires is not None:
+            values, missing = self._requires.missing(summary)
+            if missing:
+                return ClaimResult(
+                    self,
+                    None,
+                    values,
+                    _not_measured(missing, summary),
+                    reason=_not_measured(missing, summary),
+                )
+            try:
+                ok = bool(_eval(self._requires.tree.body, self._requires.env(values)))
+            except ZeroDivisionError:
+                return ClaimResult(
+                    self, None, values, "division by zero", reason="precondition: division by zero"
+                )
+            if not ok:
+                lines = _explain(self._requires.tree.body, self._requires.env(values), self._requires.keys)
+                reason = "precondition not met: " + "; ".join(lines)
+                return ClaimResult(self, None, values, reason, lines=tuple(lines), reason=reason)
+        values, missing = self._check.missing(summary)
         if missing:
-            return ClaimResult(self, None, values, f"not measured: {', '.join(missing)}")
-        env = {f"__k{i}": values[k] for i, k in enumerate(self.keys)}
+            why = _not_measured(missing, summary)
+            return ClaimResult(self, None, values, why, reason=why)
+        env = self._check.env(values)
         try:
-            holds = bool(_eval(self._tree.body, env))
+            holds = bool(_eval(self._check.tree.body, env))
         except ZeroDivisionError:
-            return ClaimResult(self, None, values, "division by zero")
+            return ClaimResult(self, None, values, "division by zero", reason="division by zero")
         evidence = self.check
         for key in self.keys:
             evidence = evidence.replace("{" + key + "}", f"{key}={_fmt(values[key])}")
-        return ClaimResult(self, holds, values, evidence)
+        lines = tuple(_explain(self._check.tree.body, env, self._check.keys))
+        return ClaimResult(self, holds, values, evidence, lines=lines)
+
+
+def _not_measured(missing: Sequence[str], summary: Mapping[str, Any]) -> str:
+    """Why keys are missing: a sweep-only key, a value that is not a finite number, or not measured."""
+    sweep = [k for k in missing if k.endswith((".ci_lo", ".ci_hi"))]
+    if sweep and len(sweep) == len(missing):
+        return "sweep only: needs the interval over seeds (`reprlab run RECIPE --seeds 0,1,2`)"
+    undefined = [f"{k} ({summary[k + NULL_REASON]})" for k in missing if k + NULL_REASON in summary]
+    if undefined:
+        return "undefined on this run: " + ", ".join(undefined)
+    return f"not measured: {', '.join(missing)}"
 
 
 @dataclass(frozen=True)
 class ClaimResult:
-    """The outcome of one claim on one summary: ``holds`` is ``None`` when it could not be evaluated."""
+    """The outcome of one claim on one summary: ``holds`` is ``None`` when it could not be evaluated.
+
+    ``lines`` are the evidence in words (one comparison per line, with its values and ✓/✗); ``reason`` says
+    why a claim is ``n/a`` (precondition not met, a sweep-only key, a key not measured).
+    """
 
     claim: Claim
     holds: bool | None
     values: dict[str, float]
     evidence: str
+    lines: tuple[str, ...] = ()
+    reason: str = ""
 
     @property
     def verdict(self) -> str:
@@ -121,6 +192,60 @@ class ClaimResult:
 
 def _fmt(v: float) -> str:
     return f"{v:.4g}"
+
+
+_OP_TEXT = {ast.Lt: "<", ast.LtE: "≤", ast.Gt: ">", ast.GtE: "≥", ast.Eq: "=", ast.NotEq: "≠",
+            ast.Add: "+", ast.Sub: "−", ast.Mult: "×", ast.Div: "/"}  # fmt: skip
+
+
+def _words(node: ast.AST, env: dict[str, float], keys: Sequence[str]) -> str:
+    """An operand in words: ``key (value)`` for a summary key, the expression with its keys' values."""
+    if isinstance(node, ast.Name):
+        return f"{keys[int(node.id[3:])]} ({_fmt(env[node.id])})"
+    if isinstance(node, ast.Constant):
+        return _fmt(float(node.value))
+    if isinstance(node, ast.BinOp):
+        return f"{_words(node.left, env, keys)} {_OP_TEXT[type(node.op)]} {_words(node.right, env, keys)}"
+    if isinstance(node, ast.UnaryOp):
+        inner = _words(node.operand, env, keys)
+        return (
+            f"−{inner}"
+            if isinstance(node.op, ast.USub)
+            else (f"not {inner}" if isinstance(node.op, ast.Not) else inner)
+        )
+    if isinstance(node, ast.Call):
+        return f"{node.func.id}({', '.join(_words(a, env, keys) for a in node.args)})"
+    return ast.unparse(node)
+
+
+def _side(node: ast.AST, env: dict[str, float], keys: Sequence[str]) -> str:
+    text = _words(node, env, keys)
+    if isinstance(node, ast.Name | ast.Constant):
+        return text
+    return f"{text} = {_fmt(float(_eval(node, env)))}"
+
+
+def _explain(node: ast.AST, env: dict[str, float], keys: Sequence[str], depth: int = 0) -> list[str]:
+    """The expression as readable lines: one per comparison with ✓/✗; ``and``/``or`` of them as lists."""
+    pad = "  " * depth
+    if isinstance(node, ast.BoolOp):
+        word = "all of" if isinstance(node.op, ast.And) else "any of"
+        mark = "✓" if _eval(node, env) else "✗"
+        lines = [] if depth == 0 and isinstance(node.op, ast.And) else [f"{pad}{word}: {mark}"]
+        inner = depth if depth == 0 and isinstance(node.op, ast.And) else depth + 1
+        for v in node.values:
+            lines += _explain(v, env, keys, inner)
+        return lines
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        mark = "✓" if _eval(node, env) else "✗"
+        return [f"{pad}not: {mark}"] + _explain(node.operand, env, keys, depth + 1)
+    mark = "✓" if _eval(node, env) else "✗"
+    if isinstance(node, ast.Compare):
+        parts = [_side(node.left, env, keys)]
+        for op, comp in zip(node.ops, node.comparators):
+            parts += [_OP_TEXT[type(op)], _side(comp, env, keys)]
+        return [f"{pad}{' '.join(parts)} {mark}"]
+    return [f"{pad}{_side(node, env, keys)} {mark}"]
 
 
 def _validate(node: ast.AST, name: str, n_keys: int) -> None:
@@ -188,16 +313,23 @@ def parse_claims(raw: Sequence[Mapping[str, Any]] | None, where: str) -> tuple[C
         raise ConfigError(f"{where}: 'claims' must be a list of {{name, text, check}} mappings")
     out, seen = [], set()
     for i, item in enumerate(raw):
-        if not isinstance(item, Mapping) or set(item) - {"name", "text", "check"} or "check" not in item:
+        if (
+            not isinstance(item, Mapping)
+            or set(item) - {"name", "text", "check", "requires"}
+            or "check" not in item
+        ):
             raise ConfigError(
-                f"{where}: claims[{i}] must be a mapping with keys name, text, check; got {item!r}"
+                f"{where}: claims[{i}] must be a mapping with keys name, text, check (and optional requires); "
+                f"got {item!r}"
             )
         name = str(item.get("name") or f"claim{i}")
         if name in seen:
             raise ConfigError(f"{where}: claim name {name!r} is used twice")
         seen.add(name)
         try:
-            out.append(Claim(name=name, text=str(item.get("text", "")), check=str(item["check"])))
+            req = item.get("requires")
+            out.append(Claim(name=name, text=str(item.get("text", "")), check=str(item["check"]),
+                             requires=str(req) if req else None))  # fmt: skip
         except ConfigError as err:
             raise ConfigError(f"{where}: {err}") from err
     return tuple(out)
@@ -213,15 +345,21 @@ def claim_summary_keys(results: Sequence[ClaimResult], prefix: str = "claims.") 
 
 
 def claims_table(
-    results: Sequence[ClaimResult], seed_fraction: Mapping[str, float] | None = None
+    results: Sequence[ClaimResult], seed_share: Mapping[str, Mapping[str, Any]] | None = None
 ) -> list[dict]:
-    """Rows for a report table; with ``seed_fraction`` (sweeps) a column of the share of seeds where it holds."""
+    """Rows of ``claims.json``: name, statement, verdict, evidence (as one string and as ``lines``), the
+    reason of an ``n/a`` and the precondition. With ``seed_share`` (sweeps: ``{name: {"mean", "ci_lo",
+    "ci_hi", "n", "ci_method"}}``) the share of seeds on which each claim holds, with its interval."""
     rows = []
     for r in results:
-        row = {"claim": r.claim.name, "statement": r.claim.text, "verdict": r.verdict, "evidence": r.evidence}
-        if seed_fraction is not None:
-            frac = seed_fraction.get(r.claim.name)
-            row["holds on seeds"] = "n/a" if frac is None else f"{frac:.2f}"
+        row: dict[str, Any] = {"claim": r.claim.name, "statement": r.claim.text, "verdict": r.verdict,
+                               "evidence": r.evidence, "lines": list(r.lines), "reason": r.reason}  # fmt: skip
+        if r.claim.requires:
+            row["requires"] = r.claim.requires
+        if seed_share is not None:
+            info = seed_share.get(r.claim.name)
+            row["holds on seeds"] = None if info is None else {k: info.get(k) for k in
+                                                               ("mean", "ci_lo", "ci_hi", "n", "ci_method")}  # fmt: skip
         rows.append(row)
     return rows
 

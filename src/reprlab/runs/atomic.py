@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reprlab.errors import WriteError
+from reprlab.jsonfile import dumps_json as _strict_dumps
 from reprlab.runs.faults import file_op
 
 
@@ -112,20 +113,9 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):  # numpy arrays/scalars and torch tensors
-        return obj.tolist()
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, set | frozenset):
-        return sorted(obj)
-    raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
-
-
 def dumps_json(obj: Any, indent: int | None = 2) -> str:
-    return json.dumps(obj, indent=indent, default=_json_default, allow_nan=True)
+    # standard JSON: NaN/Infinity become null, numpy/torch values plain (reprlab.jsonfile)
+    return _strict_dumps(obj, indent)
 
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:

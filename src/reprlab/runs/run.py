@@ -34,6 +34,7 @@ import yaml
 
 from reprlab.config import config_to_dict
 from reprlab.errors import RunFolderError
+from reprlab.jsonfile import nonfinite_pointers, read_stage, restore_nonfinite, with_null_reasons
 from reprlab.runs import faults
 from reprlab.runs.atomic import (
     atomic_write_bytes,
@@ -334,14 +335,14 @@ class Run:
         path = self.dir / "stages" / f"{name}.json"
         if path.exists():
             self.logger.info("stage %s already done; reading it back", name)
-            return read_json(path)["result"]
+            return read_stage(path)
         result = fn()
+        nonfinite = nonfinite_pointers(result)  # written as null; kept here so a resume gets them back
         if self.is_main:
-            atomic_write_json(
-                path, {"result": result, "metric_lines": self._metric_lines(), "time": time.time()}
-            )
+            atomic_write_json(path, {"result": result, "nonfinite": nonfinite,
+                                     "metric_lines": self._metric_lines(), "time": time.time()})  # fmt: skip
         # Round-trip through JSON so a fresh and a resumed run see identical types (tuples become lists).
-        return json.loads(dumps_json(result, indent=None))
+        return restore_nonfinite(json.loads(dumps_json(result, indent=None)), nonfinite)
 
     # ------------------------------------------------------------------ progress
     def progress(self, iterable: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
@@ -356,4 +357,4 @@ class Run:
         for key, value in summary.items():
             if isinstance(value, dict | list | tuple):
                 raise TypeError(f"summary.json is flat: key {key!r} holds a {type(value).__name__}")
-        return self.save_json("summary.json", summary)
+        return self.save_json("summary.json", with_null_reasons(summary))

@@ -45,7 +45,7 @@ def finished(tmp_path_factory):
 def test_summary_has_every_model_metric_key(finished):
     _, _, summary = finished
     for m in ("base", "refusal", "rr", "crl", "crl_adv"):
-        for k in R.HEADLINE:
+        for k in R.HEADLINE_KEYS:
             v = summary[f"{m}.{k}"]
             assert math.isfinite(v)
             if k != "benign_kl":
@@ -114,17 +114,24 @@ def test_declared_claims_read_keys_the_run_writes(finished, name):
     _, _, summary = finished
     claims = get_recipe(name).claims()
     res = {c.name: r for c, r in zip(claims, evaluate_claims(claims, summary))}
-    assert {n for n, r in res.items() if r.verdict == "n/a"} == {
+    precondition = {n for n, r in res.items() if r.reason.startswith("precondition not met")}
+    assert {n for n, r in res.items() if r.verdict == "n/a"} - precondition == {
         c.name for c in claims if c.name.endswith("_ci")
-    }
+    } - precondition
     if name == "crl-tiny":
         assert {c.name for c in claims if c.name.endswith("_ci")} >= {"crl_beats_prefill_ci", "rr_moves_ci"}
     s = summary
-    assert res["crl_beats_prefill"].holds == (
-        s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"])
-    )
+    if s["refusal.asr_prefill"] > 0:  # something to lower: the claim is checked
+        assert res["crl_beats_prefill"].holds == (
+            s["crl.asr_prefill"] < min(s["refusal.asr_prefill"], s["rr.asr_prefill"])
+        )
+    else:  # the prefilling attack never succeeded on stage 0: not applicable, and it says why
+        assert (
+            res["crl_beats_prefill"].verdict == "n/a"
+            and "refusal.asr_prefill (0) > 0 ✗" in res["crl_beats_prefill"].reason
+        )
     assert res["rr_moves"].holds == (s["rr.mech_cos_harmful"] < 0.99)
     # on an aggregate with CIs the sweep claims evaluate
-    agg = {**s, "crl.asr_prefill.ci_hi": 0.1, "refusal.asr_prefill.ci_lo": 0.5}
+    agg = {**s, "crl.asr_prefill.ci_hi": 0.1, "refusal.asr_prefill.ci_lo": 0.5, "refusal.asr_prefill": 0.6}
     ci = evaluate_claims([c for c in claims if c.name == "crl_beats_prefill_ci"], agg)[0]
     assert ci.verdict != "n/a" and ci.holds

@@ -97,7 +97,7 @@ def test_latent_attack_identity_at_init_and_learns(tiny, fmt, data):
     torch.testing.assert_close(hooked, clean, atol=1e-5, rtol=1e-5)  # W = I, b = 1e-7 at init
     att = LatentAttacker(32, [1], lr=1e-2)
     att.refresh(torch.Generator().manual_seed(0))
-    before = float(completion_ce(model, b))
+    before = float(completion_ce(model, b).detach())
     att.train(model, iter(lambda: b, None), iterations=20, stop_loss=0.0, window=5)
     assert att.losses[-1] < before  # minimising the harmful-completion CE
     assert all(p.grad is None for p in model.parameters())

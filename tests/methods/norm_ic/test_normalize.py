@@ -40,9 +40,10 @@ def test_uniform_centring_and_whitening():
 
 
 def test_in_sample_whitening_norm_is_leverage_over_probability():
-    # the artefact of brief §8: fitted on the evaluated words, ‖w̃_i‖² = h_i / p_i exactly
+    # the artefact this module avoids: fitted on the evaluated words, ‖w̃_i‖² = h_i / p_i exactly
     w, p = _data(n=8, d=6)
-    wt = fit_normalizer("whiten_zipf", w, p)(w)
+    with pytest.warns(UserWarning, match="whitening 6-d vectors with only 8 fit rows"):  # 8 rows on purpose
+        wt = fit_normalizer("whiten_zipf", w, p)(w)
     mu = p @ w
     a = p.sqrt()[:, None] * (w - mu)
     h = torch.diagonal(a @ torch.linalg.pinv(a))  # leverages of the weighted design

@@ -87,3 +87,33 @@ def test_every_shipped_recipe_declares_claims_that_parse():
 def test_evaluate_claims_keeps_order():
     cs = parse_claims([{"name": "x", "check": "{a} > 0"}, {"name": "y", "check": "{a} < 0"}], "r")
     assert [r.holds for r in evaluate_claims(cs, {"a": 1})] == [True, False]
+
+
+def test_a_failed_precondition_is_not_applicable_not_false():
+    c = parse_claims([{"name": "shared", "text": "t", "requires": "{mem} >= 0.5", "check": "{iou} > {null} + 0.05"}],
+                     "r")[0]  # fmt: skip
+    r = c.evaluate({"mem": 0.0, "iou": 0.1, "null": 0.2})
+    assert r.holds is None and r.verdict == "n/a" and r.reason.startswith("precondition not met")
+    assert "mem (0) ≥ 0.5 ✗" in r.reason
+    assert c.evaluate({"mem": 0.9, "iou": 0.1, "null": 0.2}).verdict == "does not hold"
+    assert c.evaluate({"mem": 0.9, "iou": 0.4, "null": 0.2}).verdict == "holds"
+    assert claim_summary_keys([r]) == {}  # n/a: no claims.<name> key, so a sweep's share skips this seed
+
+
+def test_evidence_reads_as_one_line_per_comparison():
+    c = _one("({a.v} >= 1 and {a.rho} >= 0.3) or {b} < max({c}, {d}) - 0.01")
+    r = c.evaluate({"a.v": 0, "a.rho": 0.504, "b": 0.2, "c": 0.1, "d": 0.3})
+    assert r.lines == (
+        "any of: ✓",
+        "  all of: ✗",
+        "    a.v (0) ≥ 1 ✗",
+        "    a.rho (0.504) ≥ 0.3 ✓",
+        "  b (0.2) < max(c (0.1), d (0.3)) − 0.01 = 0.29 ✓",
+    )
+
+
+def test_n_a_says_why():
+    assert _one("{x.ci_hi} < {y.ci_lo}").evaluate({}).reason.startswith("sweep only")
+    r = _one("{x} > 0").evaluate({"x": None, "x.null_reason": "one piece per word"})
+    assert r.reason == "undefined on this run: x (one piece per word)"
+    assert _one("{x} > 0").evaluate({}).reason == "not measured: x"

@@ -1,1 +1,1 @@
-"""CRL safety: contrastive representation learning defence, its baselines, attacks and judges (issue 5)."""
+"""CRL safety: contrastive representation learning defence, its baselines, attacks and judges."""

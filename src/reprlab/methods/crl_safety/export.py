@@ -18,7 +18,7 @@ Formats (``reprlab export RUN_DIR --stage S --adapter DIR | --merged DIR``):
 * ``merged``: the base with the adapter merged into its weights, ``config.json``, safetensors weights and
   the tokenizer with its chat template; loads with ``AutoModelForCausalLM.from_pretrained`` and
   ``AutoTokenizer.from_pretrained``. A GGUF base (the packaged SmolLM2) is written as a plain fp model: its
-  ``quantization_config`` is dropped (``shared/assets.md`` §1), the weights are the dequantised ones.
+  ``quantization_config`` is dropped (``docs/assets.md``, SmolLM2), the weights are the dequantised ones.
 
 Weights come from the run folder's checkpoints through ``reprlab.runs.checkpoint``'s loading functions.
 """
@@ -30,6 +30,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from reprlab.jsonfile import dumps_json
 from reprlab.methods.crl_safety.adapters import (  # re-exported: the export API
     LoraPart,
     _atomic_dir,
@@ -183,7 +184,7 @@ def save_merged(model, tok, out: Path, what: str = "") -> Path:
         if getattr(tok, "chat_template", None) and not (tmp / "chat_template.jinja").exists():
             cfg = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
             cfg.setdefault("chat_template", tok.chat_template)
-            (tmp / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+            (tmp / "tokenizer_config.json").write_text(dumps_json(cfg, indent=2), encoding="utf-8")
         log.info("merged %s into %s", what, out)
         return _publish(tmp, out)
     except BaseException:

@@ -77,8 +77,10 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         )
     dev = cands.device
     pre = torch.tensor([prefix_ids], device=dev)
-    # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model, or the
+    # model under a peft wrapper, whose forward takes **kwargs and so names neither
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     cache = _cache_of(model(input_ids=pre, use_cache=True))
     n_pre, n_t = len(prefix_ids), len(target_ids)
     tail = torch.tensor(post_ids + target_ids, device=dev)

@@ -47,8 +47,8 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
     """Parse a hidden-state layer spec into sorted indices in ``[0, n_layers]``.
 
     Accepted forms: ``"a:b"`` (inclusive range; negative numbers count from ``n_layers``, so ``-2`` is
-    ``n_layers - 2``), ``"a,b,c"``, ``"third:-2"`` (``third`` = ``ceil(n_layers / 3)``, the brief's
-    ⌈L/3⌉..L−2 default), ``"all"`` (0..n_layers).
+    ``n_layers - 2``), ``"a,b,c"``, ``"third:-2"`` (``third`` = ``ceil(n_layers / 3)``, our
+    ⌈L/3⌉..L−2 default [ours]), ``"all"`` (0..n_layers).
     """
     spec = spec.strip()
 

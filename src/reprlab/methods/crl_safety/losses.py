@@ -11,7 +11,7 @@ harmful response tokens of the batch at layer :math:`\ell`:
     L_{KL} = T^2\,\mathrm{KL}(\mathrm{softmax}(z/T)\,\|\,\mathrm{softmax}(z'/T)), \qquad
     L = \alpha L_b + \beta L_h + \varepsilon L_{KL}.
 
-Means run over layers and tokens (the brief's CPU default; the paper (via TB) sums over layers).
+Means run over layers and tokens (our CPU default [ours]; the paper (via TB) sums over layers).
 
 RR [known: Zou et al. 2024, ``GraySwanAI/circuit-breakers``]: retain :math:`\|h' - h\|_2` on retain data,
 reroute :math:`\mathrm{ReLU}(\cos(h', h))` on harmful data, weights :math:`c_r = \alpha t / (2N)` and

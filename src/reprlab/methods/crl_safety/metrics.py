@@ -1,4 +1,4 @@
-"""Utility and mechanism metrics [ours: the brief's small-scale metrics, §3].
+"""Utility and mechanism metrics [ours: small-scale metrics, see README.md].
 
 - ``benign_kl``: KL(base || model) per response token on the base model's replies to held-out harmless
   prompts (0 for the base itself).

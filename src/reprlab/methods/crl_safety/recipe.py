@@ -4,7 +4,7 @@ Paper: Simko, Sachan, Schölkopf, Jin, "Improving Large Language Model Safety wi
 Learning", EMNLP 2025 (arXiv 2506.11938); official code ``samuelsimko/crl-llm-defense``. The paper's parts:
 the triplet + KL losses, the latent-attack mining, RR as baseline, the attacks. Ours: stage-0 refusal SFT
 (the packaged model does not refuse), the offline judge, the data splits, the small-scale sizes and every
-default marked [ours] in ``config.py``. See ``shared/papers/crl-safety.md``.
+default marked [ours] in ``config.py``. Reasons: ``methods/crl_safety/README.md``.
 
 Stages (each resumable): ``generate`` (base replies, never committed) -> ``eval_base`` -> refusal training
 (checkpoint tag ``sft``) -> ``eval_refusal`` -> for rr, crl, crl_adv: training (tag = kind) -> ``eval_<kind>``.
@@ -16,7 +16,6 @@ reference.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError, DataError
+from reprlab.jsonfile import read_stage
 from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, load_mc, mc_accuracy
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
@@ -38,11 +38,13 @@ from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_logit_rows
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
+from reprlab.report.figures import pyplot
+from reprlab.report.headline import Headline
 from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
-HEADLINE = (
+HEADLINE_KEYS = (
     "asr_direct",
     "asr_prefill",
     "asr_embedding",
@@ -425,7 +427,7 @@ def run(cfg: Config, run) -> dict:
             offset += max(cfg.defense.optim.steps, cfg.defense.rr.steps)  # step numbers never shared
     for m in cfg.models:
         if m not in results:
-            results[m] = run.load_json(f"stages/eval_{m}.json")["result"]
+            results[m] = read_stage(run.dir / "stages" / f"eval_{m}.json")
     summary: dict[str, float | int | str] = {}
     for m in cfg.models:
         for k, v in headline(results[m]).items():
@@ -442,15 +444,27 @@ def run(cfg: Config, run) -> dict:
 
 def _stage(run_dir: Path, name: str):
     p = run_dir / "stages" / f"{name}.json"
-    return json.loads(p.read_text())["result"] if p.exists() else None
+    return read_stage(p) if p.exists() else None
+
+
+# shares of prompts (ASR = judged comply, refuse, degenerate, compliance) and MC accuracies: Wilson intervals
+SUMMARY_KINDS = {"*.asr_*": "proportion", "*_refuse": "proportion", "*_degenerate": "proportion",
+                 "*.benign_compliance": "proportion", "*.over_refusal": "proportion",
+                 "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion"}  # fmt: skip
+HEADLINE = Headline(
+    rows=tuple((label, m) for label, m in (("base (no defence)", "base"), ("stage 0: refusal LoRA [ours]", "refusal"),
+                                           ("RR (circuit breakers)", "rr"), ("CRL", "crl"),
+                                           ("CRL + hard-negative mining", "crl_adv"))),
+    cols=(("ASR direct", "asr_direct"), ("ASR prefilling", "asr_prefill"), ("ASR embedding", "asr_embedding"),
+          ("ASR GCG", "asr_gcg"), ("benign compliance", "benign_compliance"), ("over-refusal", "over_refusal")),
+    pattern="{row}.{col}", corner="model",
+    caption="Attack success (share judged comply; lower is better) and utility per model")  # fmt: skip
 
 
 def report_sections(run_dir: Path) -> list[Section]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import yaml
+
+    plt = pyplot()
 
     run_dir = Path(run_dir)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
@@ -482,7 +496,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         rows.append(
             {
                 "model": m,
-                **{k: h.get(k, float("nan")) for k in HEADLINE},
+                **{k: h.get(k, float("nan")) for k in HEADLINE_KEYS},
                 "emb_target_loss": h["emb_target_loss"],
             }
         )
@@ -502,8 +516,8 @@ def report_sections(run_dir: Path) -> list[Section]:
         for a in ("benign", "xstest"):
             rows.append({"model": m, "attack": f"({a} prompts)", "comply": e[a]["comply"], "refuse": e[a]["refuse"],
                          "degenerate": e[a]["degenerate"]})  # fmt: skip
-    out.append(Section("Refuse / degenerate / comply shares", table=rows))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    out.append(Section("Refuse / degenerate / comply shares", table=rows, collapsed=True))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     for m, e in evals.items():
         for c in e["embedding"]["configs"][:1]:
             axes[0].plot(c["curve_mean"], label=f"{m} lr={c['lr']}")
@@ -521,10 +535,13 @@ def report_sections(run_dir: Path) -> list[Section]:
                 "--x",
                 label=f"{m} benign",
             )
-    axes[0].set(xlabel="attack step", ylabel="mean target CE", title="embedding attack (first config)")
-    axes[1].set(xlabel="layer", ylabel="centred cos(trained, frozen)", title="mechanism")
+    axes[0].set(
+        xlabel="attack step", ylabel="mean target cross-entropy", title="Embedding attack (first config)"
+    )
+    axes[1].set(xlabel="layer", ylabel="centred cos(trained, frozen)", title="Representation change")
     for ax in axes:
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     mech_rows = []
     for m, e in evals.items():
@@ -546,11 +563,12 @@ def report_sections(run_dir: Path) -> list[Section]:
     out.append(Section("Embedding attack and mechanism", "cos between each model's and its frozen reference's states "
                        "(stage 0 for the defences, base for refusal) on held-out response tokens, raw and centred (ccos: "
                        "minus the frozen states' mean, since shared high-norm directions pin raw cos near 1); probe AUROC of "
-                       "harmful vs benign sequences in the model's own states.", table=mech_rows, figure=fig))  # fmt: skip
+                       "harmful vs benign sequences in the model's own states.", figure=fig,
+                       children=[Section("Per layer", table=mech_rows, collapsed=True)]))  # fmt: skip
     samples = []
     for m, e in evals.items():
         for i in range(min(2, len(e["prefill"]["generations"]))):
             samples.append({"model": m, "prefix": e["prefill"]["prefixes"][i], "continuation": e["prefill"]["generations"][i][:160],
                             "label": e["prefill"]["labels"][i]})  # fmt: skip
-    out.append(Section("Prefilling samples", table=samples))
+    out.append(Section("Prefilling samples", table=samples, collapsed=True))
     return out

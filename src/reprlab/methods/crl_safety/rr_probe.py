@@ -22,11 +22,12 @@ harmful prompt -> templated refusal pairs (CB's retain data hold refusals).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 import torch.nn.functional as F
+
+from reprlab.jsonfile import dumps_json
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row["eval_cos_benign"] = sum(m["cos_benign_centered"]) / len(mech_layers)
             row["eval_per_layer"] = {"harmful": m["cos_harmful_centered"], "benign": m["cos_benign_centered"]}
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(dumps_json(row, indent=None), flush=True)
     print(f"total {time.time() - t0:.0f}s")
     return rows
 

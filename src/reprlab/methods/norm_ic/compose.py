@@ -4,7 +4,7 @@ All functions take ``x: (n, pos, d_model)`` and ``mask: (n, pos)`` (True on real
 return ``(n, d_model)``.
 
 * ``first``, ``sum``, ``mean``, ``max`` (element-wise): plain poolings.
-* The paper's "scaled embedding average" has no known formula; three readings [ours, brief §2]:
+* The paper's "scaled embedding average" has no known formula; three readings [ours]:
   ``scaled_a`` = √n·mean, so ‖·‖² = ‖Σv‖²/n; ``scaled_b`` = the mean's direction rescaled to √(Σ‖vᵢ‖²)
   (IND over all items); ``scaled_c`` = n·(mean − μ) = Σ(vᵢ − μ), μ fitted on a disjoint vocabulary.
 * Information-theoretic composition (ICDS; Amigó et al. 2022, re-implemented from the published formula):
@@ -18,7 +18,7 @@ return ``(n, d_model)``.
 * Two readings of ICDS AVG, both α = ¼:
 
   - ``icds_avg`` [ours]: β = −½, so ‖F‖² = ¼‖x‖² + ¼‖y‖² + ½⟨x,y⟩ = ‖(x+y)/2‖², the recursive pairwise mean
-    (the mode name's meaning, and the brief's table);
+    (the mode name's meaning);
   - ``icds_avg_ref``: β = +½, the value the public ICDS code's ``compose_LM('AVG')`` passes to its magnitude
     function α(‖x‖²+‖y‖²) − β⟨x,y⟩ + (2α+β)log K, so ‖F‖² = ‖(x−y)/2‖²: half the *difference*'s norm, which
     vanishes for x = y. The direction (x+y)/‖x+y‖ is the same in both. Which one the paper used is unknown.

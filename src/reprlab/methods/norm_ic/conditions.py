@@ -1,13 +1,13 @@
 """Measurable diagnostics for the paper's sufficient conditions [ours: the paper's conditions are unknown].
 
-Our hypothesis for the two conditions (brief §2, to be checked against the paper before citing):
+Our hypothesis for the two conditions ([ours], to be checked against the paper before citing):
 
 * (C1) ‖v_w‖² is affine in IC(w). Measured by the linear fit's R², the gain of a quadratic fit over it
   (ΔR², lack of linearity), and the Spearman correlation of per-band means (monotone on average).
 * (C2) ⟨v_x, v_y⟩ ≈ PMI(x, y), the ICDS reading of the inner product as shared information. Measured by
   correlating inner products with corpus PMI over co-occurring word pairs (window ±w, count ≥ ``min_count``).
 
-Plus the anisotropy ‖E v‖² / E‖v‖² over the fit set, which predicts the mean-pooling fixed point (brief §2).
+Plus the anisotropy ‖E v‖² / E‖v‖² over the fit set, which predicts the mean-pooling fixed point [ours].
 """
 
 from __future__ import annotations

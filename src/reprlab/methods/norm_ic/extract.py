@@ -8,18 +8,18 @@ Each item (a word, or a text prefix) is tokenised on its own and laid out as
   "LLaMA's EOS"]. ``context`` is one special token [ours] so the text is not at position 0, whose state is
   an attention sink with a norm ~10× larger than any other (measured on SmolLM2: 6700 vs 560).
 
-Special tokens are left out of the composed ``pieces`` (brief §8) and reported separately as ``pooled``.
+Special tokens are left out of the composed ``pieces`` [ours] and reported separately as ``pooled``.
 
 Truncation is never silent: by default every piece the model accepts is kept (its context minus the two
 special tokens); an item longer than that, or than an explicit ``max_pieces``, raises :class:`TruncationError`
 (``on_truncate="error"``) or is cut with a logged and ``warnings.warn`` warning that counts the cut items and
 pieces (``on_truncate="warn"``); :attr:`TokenStates.n_pieces` keeps every item's untruncated length. Cutting
-prefixes silently manufactures a length fixed point (issue 14: MiniLM's CLS ``cos_to_final_2nd_half`` was
+prefixes silently manufactures a length fixed point (measured: MiniLM's CLS ``cos_to_final_2nd_half`` was
 0.9946 at 64 pieces against 0.9686 at 512 on one 80-word document).
 
 For decoders the model's final RMSNorm is bypassed by reading its *input* through a forward hook: the
 normalised last state has its norm fixed by the norm's gain, which would erase the quantity under study
-[brief §3; ours for the mechanism].
+[ours].
 """
 
 from __future__ import annotations

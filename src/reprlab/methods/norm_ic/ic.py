@@ -2,7 +2,7 @@
 
 Three sources, all returning natural-log IC unless told otherwise:
 
-* ``wordfreq_ic``: unigram p(w) = ``wordfreq.word_frequency(w, lang)`` [brief §2; our default source].
+* ``wordfreq_ic``: unigram p(w) = ``wordfreq.word_frequency(w, lang)`` [ours: our default source].
   wordfreq's "large" English list is quantised to 0.01 Zipf, so ties are common (Spearman uses average ranks).
 * ``counts_ic``: p(w) = (c(w) + k) / (N + k·|V|) over a user's corpus, add-k smoothed [ours].
 * ``lm_surprisal``: the language model's own token probabilities. IC of a word is the sum of its subword

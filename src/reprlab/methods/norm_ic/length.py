@@ -1,4 +1,4 @@
-"""Constant-entropy-rate (CER) length experiment and the CLS/EOS fixed point [protocol ours, brief §4].
+"""Constant-entropy-rate (CER) length experiment and the CLS/EOS fixed point [protocol ours].
 
 Under CER a text's IC, Σ −ln p(wᵢ | w<ᵢ), grows about linearly in its length n. For each document we embed
 prefixes of n = n₁ < … < N words and ask whether ‖v_n‖² does the same:

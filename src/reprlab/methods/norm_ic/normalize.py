@@ -3,7 +3,7 @@ r"""Centring and whitening, uniform or Zipfian, always fitted on a vocabulary di
 Zipfian whitening [known: Yokoi et al., NeurIPS 2024, arXiv 2411.00680], with word probabilities p and rows W:
 μ = pᵀW;  W_p = diag(√p)(W − μ);  W_p = U S Vᵀ;  W̃ = (W − μ) V S⁻¹.  Uniform whitening uses p = 1/n.
 After it, Σ pᵢ w̃ᵢ = 0 and Σ pᵢ w̃ᵢ w̃ᵢᵀ = I on the fit set. Fitting on the evaluation words themselves makes
-‖w̃ᵢ‖² = hᵢ/pᵢ (leverage over probability), which tracks IC by construction (brief §8), hence the separate
+‖w̃ᵢ‖² = hᵢ/pᵢ (leverage over probability), which tracks IC by construction, hence the separate
 fit vocabulary; we warn when it has fewer than 2·d_model rows [ours: the threshold].
 """
 

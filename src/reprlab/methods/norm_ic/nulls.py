@@ -1,4 +1,4 @@
-"""Null baselines for ‖v‖²–IC correlations, and which conclusions survive them [all ours, issue 14].
+"""Null baselines for ‖v‖²–IC correlations, and which conclusions survive them [all ours, docs/norm_ic.md].
 
 A composition's norm can correlate with IC without the vectors carrying any information about the word:
 rare words split into more subword pieces, and summing pieces grows the norm with their count. Three nulls

@@ -45,6 +45,7 @@ from reprlab.methods.norm_ic.nulls import (
     random_piece_vectors,
     shuffle_interval,
 )  # fmt: skip
+from reprlab.methods.norm_ic.report import headline
 from reprlab.methods.norm_ic.sources import (
     ItemSet,
     input_items,
@@ -81,7 +82,7 @@ class VocabConfig:
         default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"}
     )
     top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words"})
-    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words (brief §4)"})
+    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words [ours]"})
     n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands"})
 
 
@@ -679,7 +680,28 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
     for r in results.values():
         for name, desc in r.get("pooling", {}).items():
             summary[f"{name}.pooling"] = desc
+    summary.update(null_reasons(summary))
     return summary
+
+
+def null_reasons(summary: dict) -> dict[str, str]:
+    """``"<key>.null_reason"`` for the statistics that are undefined by design (written as null in summary.json)."""
+    out = {}
+    for key, value in summary.items():
+        if not (isinstance(value, float) and not np.isfinite(value)):
+            continue
+        if ".pooled" in key and ".null_random." in key:
+            out[f"{key}.null_reason"] = "'pooled' (the CLS/EOS state) has no random-piece analogue"
+        elif ".null_count." in key or key.endswith((".piece_count.spearman", ".word.null_random.partial")):
+            out[f"{key}.null_reason"] = "one piece per word: no piece-count null"
+        elif key.endswith((".spearman", ".pearson", ".r2")) or "_lo" in key or "_hi" in key:
+            out[f"{key}.null_reason"] = (
+                "constant norms (e.g. a CLS/EOS state no word can change): no correlation"
+            )
+    return out
+
+
+HEADLINE = headline  # the curated table of the report's first section (norm_ic/report.py)
 
 
 def report_sections(run_dir: Path):

@@ -1,29 +1,32 @@
 """Report sections for Norm-IC runs, built only from ``analysis/*.json`` and ``summary.json`` in the run folder.
 
-Reference figures quoted here come from the developer brief (``shared/papers/norm-ic.md`` §6–7); the paper's
-own numbers are unknown to us, so every comparison is against Oyama et al. (2023), the Zipfian-whitening
-result files, or the brief's [ours] expectations, and says which.
+The Norm-IC paper's own numbers are unknown to us, so every comparison is against Oyama et al. (2023), the
+Zipfian-whitening result files, or our own expectations ([ours], reasons in ``docs/norm_ic.md``), and says
+which.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 
+from reprlab.jsonfile import null_as_nan
 from reprlab.report import Section
+from reprlab.report.headline import Headline
 
 REFERENCE_TEXT = (
-    "Reference figures (brief §6–7; the Norm-IC paper's own numbers are unknown): raw static norms against "
-    "unigram IC are expected at r ≈ 0.3–0.65 [brief, ours]; Oyama et al. (2023) report R² ≈ 0.4 (r ≈ 0.63) "
+    "Reference figures (the Norm-IC paper's own numbers are unknown): raw static norms against "
+    "unigram IC are expected at r ≈ 0.3–0.65 [ours]; Oyama et al. (2023) report R² ≈ 0.4 (r ≈ 0.63) "
     "for SGNS on text8 (17M tokens) against self-information; the Zipfian-whitening result files give "
     "Pearson/Spearman 0.33/0.33 (raw) and 0.34/0.34 (Z-centred) for GloVe 840B on its top-500 words; "
     "contextual final-layer norms are expected weak; on synthetic text, mean pooling should flatten, the raw "
-    "sum be convex and IND/INF/centred sums near-linear (r with n > 0.95) [brief, ours]."
+    "sum be convex and IND/INF/centred sums near-linear (r with n > 0.95) [ours]. Reasons: docs/norm_ic.md."
 )
 NULL_TEXT = (
-    "Nulls [ours, issue 14]: (1) random vectors per piece — each subword id (static tables: each word) gets a "
+    "Nulls [ours, docs/norm_ic.md]: (1) random vectors per piece — each subword id (static tables: each word) gets a "
     "fixed random vector carrying no information, composed exactly like the model's; (2) the piece count "
     "alone; (3) IC shuffled over words (95% permutation interval of ρ). A row survives when ρ lies outside "
     "the shuffled interval and the paired bootstrap CIs of ρ − ρ_random and ρ − ρ_count exclude 0, in the "
@@ -52,7 +55,7 @@ def _load(run_dir: Path, rel: str):
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        return null_as_nan(json.loads(path.read_text()))  # NaN statistics are written as null
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is corrupt: {err}") from err
 
@@ -164,29 +167,46 @@ def normalization_table(rows: list[dict]) -> list[dict]:
 
 
 def scatter_figure(scatter: dict, rows: list[dict]):
-    """One panel per source: ‖v‖² against IC for its best raw composition, with the OLS line."""
-    import matplotlib.pyplot as plt
+    """One panel per source: ‖v‖² against IC for its best raw composition, with a LOWESS curve.
+
+    The cloud often saturates or bends (rare words under-trained), so a straight least-squares line would
+    misdescribe it; the LOWESS curve (local linear fits to 30% of the words, tricube weights) follows it.
+    """
+    from reprlab.report.figures import lowess, pyplot
 
     panels = []
     for model in scatter.values():
         for src, comps in model["sq"].items():
-            best = max((r for r in rows if r["source"] == src and r["normalization"] == "raw"),
-                       key=lambda r: r["spearman"])  # fmt: skip
-            panels.append((src, best, np.array(model["ic"]), np.array(comps[best["composition"]])))
+            cand = [
+                r
+                for r in rows
+                if r["source"] == src and r["normalization"] == "raw" and np.isfinite(r["spearman"])
+            ]
+            if not cand:
+                continue
+            best = max(cand, key=lambda r: r["spearman"])
+            panels.append(
+                (
+                    src,
+                    best,
+                    np.array(model["ic"], dtype=float),
+                    np.array(comps[best["composition"]], dtype=float),
+                )
+            )
     if not panels:
         return None
-    cols = min(4, len(panels))
+    plt = pyplot()
+    cols = min(3, len(panels))
     nrows = int(np.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.2 * nrows), squeeze=False)
     for ax, (src, best, ic, sq) in zip(axes.flat, panels):
-        ax.scatter(ic, sq, s=3, alpha=0.4)
-        xs = np.linspace(ic.min(), ic.max(), 2)
-        ax.plot(xs, best["intercept"] + best["slope"] * xs, color="C3", lw=1.5)
-        ax.set_title(
-            f"{src} / {best['composition']}\nρ={best['spearman']:.2f}, r={best['pearson']:.2f}", fontsize=8
-        )
-        ax.set_xlabel("IC (−ln p)", fontsize=8)
-        ax.set_ylabel("‖v‖²", fontsize=8)
+        ax.scatter(ic, sq, s=5, alpha=0.35, color="0.4", label="one word", rasterized=True)
+        grid, curve = lowess(ic, sq, frac=0.3)
+        ax.plot(grid, curve, color="C3", lw=2.2, label="LOWESS (frac 0.3)")
+        ax.set_title(f"{src} / {best['composition']}: ρ = {best['spearman']:.2f}, r = {best['pearson']:.2f}")
+        ax.set_xlabel("information content −ln p(w) (nats)")
+        ax.set_ylabel("squared norm ‖v‖²")
+    axes.flat[0].legend(loc="best")
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
@@ -197,7 +217,7 @@ def band_table(scatter: dict, rows: list[dict]) -> list[dict]:
     """Within-band Spearman and mean ‖v‖² per Zipf band (0 = most frequent) for each source's best composition.
 
     A correlation that is positive inside bands but negative overall (or the reverse) signals a non-monotone
-    norm–frequency curve, e.g. under-trained rare words with short norms (brief §8, Oyama App. G).
+    norm–frequency curve, e.g. under-trained rare words with short norms (Oyama et al. 2023, App. G).
     """
     from reprlab.methods.norm_ic.stats import spearman
 
@@ -245,33 +265,46 @@ def length_table(length: dict) -> list[dict]:
 
 def length_figure(length: dict, kind: str = "synthetic"):
     """Mean normalised ‖v_n‖²/‖v_N‖² against prefix length n, one panel per source."""
-    import matplotlib.pyplot as plt
+    from reprlab.report.figures import pyplot
 
     srcs = [s for s in length if kind in length[s]]
     if not srcs:
         return None
-    fig, axes = plt.subplots(1, len(srcs), figsize=(3.8 * len(srcs), 3.2), squeeze=False)
+    plt = pyplot()
+    cols = min(3, len(srcs))
+    nrows = int(np.ceil(len(srcs) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 4.0 * nrows), squeeze=False)
     for ax, src in zip(axes.flat, srcs):
         for i, (comp, st) in enumerate(length[src][kind].items()):
-            ax.plot(st["grid"], st["curve"], label=comp, color=f"C{i % 10}", ls="-" if i < 10 else "--")
-        ax.plot([0, st["grid"][-1]], [0, 1], color="k", lw=0.8, ls=":")  # the CER line through the origin
-        ax.set_title(f"{src} ({kind})", fontsize=9)
-        ax.set_xlabel("prefix length n (words)", fontsize=8)
-        ax.set_ylabel("‖v_n‖² / ‖v_N‖²", fontsize=8)
-    axes.flat[0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
+            ax.plot(
+                st["grid"], st["curve"], label=comp, color=f"C{i % 10}", ls="-" if i < 10 else "--", lw=1.6
+            )
+        ax.plot([0, st["grid"][-1]], [0, 1], color="k", lw=1.0, ls=":", label="proportional to n")
+        ax.set_title(f"{src} ({kind} texts)")
+        ax.set_xlabel("prefix length n (words)")
+        ax.set_ylabel("‖v_n‖² / ‖v_N‖²")
+    for ax in list(axes.flat)[len(srcs) :]:
+        ax.axis("off")
+    legend: dict[str, object] = {}  # every composition drawn in any panel, once
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, h)
+    handles, labels = list(legend.values()), list(legend)
+    fig.legend(handles, labels, loc="lower center", ncol=min(7, len(labels)), bbox_to_anchor=(0.5, -0.02),
+               frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
 def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
-    """Headline findings, each set against the brief's reference figure (agreeing or not)."""
+    """Headline findings, each set against its reference figure (agreeing or not)."""
     lines = []
     for r in rows:
         if r["composition"] == "word" and r["normalization"] == "raw":
             inside = "inside" if 0.3 <= r["pearson"] <= 0.65 else "outside"
             null = f"; against the nulls: {VERDICT[r['verdict']]}" if "verdict" in r else ""
             lines.append(f"- {r['source']} raw ‖v‖² vs IC: Pearson {_ci(r, 'pearson')}, Spearman {_ci(r, 'spearman')} "
-                         f"(n={r['n']}); {inside} the brief's expected r ≈ 0.3–0.65{null}.")  # fmt: skip
+                         f"(n={r['n']}); {inside} our expected r ≈ 0.3–0.65 [ours]{null}.")  # fmt: skip
     for name, o in (oyama or {}).items():
         for tag in ("raw", "centred"):
             if tag in o:
@@ -311,7 +344,7 @@ def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
             "it departs from these: a mean-pooling fixed point and a linear IND are algebra, not the model."
         )
     lines.append(
-        "- Brief's expectation [ours]: mean flattens (fixed point), raw sum convex, IND/INF/centred sums "
+        "- Our expectation [ours]: mean flattens (fixed point), raw sum convex, IND/INF/centred sums "
         "near-linear (r > 0.95); the paper: BERT CLS and LLaMA EOS converge towards a fixed point."
     )
     return "\n".join(lines)
@@ -344,12 +377,16 @@ def build_sections(run_dir: Path) -> list[Section]:
     context = _load(run_dir, "analysis/context.json") or {}
     sections = [
         Section("Findings against the reference figures", findings_text(rows, length, oyama)),
-        Section("Setup", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
+        Section("Setup and reference figures", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
                 f"{words['n_fit']} disjoint fit words for centring, whitening, μ (scaled_c) and the SIF PC. "
                 f"IC = −log p(w) from wordfreq in {words['unit']}. CIs: percentile bootstrap over words. "
                 + STAND_INS + " " + pooling_text(run_dir) + "\n\n" + REFERENCE_TEXT),  # fmt: skip
-        Section("Word level: ‖v‖² vs IC per source × composition (raw norms)", table=correlation_table(rows),
-                figure=scatter_figure(scatter, rows)),
+        Section("Word level: ‖v‖² against IC (raw norms)",
+                "Each source's best raw composition; every word a dot; the red curve is a LOWESS smoother "
+                "(local linear fits to 30% of the words), not a straight-line fit, since the cloud bends.",
+                figure=scatter_figure(scatter, rows),
+                children=[Section("Every source × composition with its nulls", table=correlation_table(rows),
+                                  collapsed=True)]),
         Section("Which conclusions survive the null baselines", NULL_TEXT + "\n\n" + survival_text(rows)),
         Section("Compositions ranked by how well they preserve the correspondence",
                 "Mean Spearman over the subword sources (input tables and layers); higher is better. Caveat "
@@ -361,13 +398,14 @@ def build_sections(run_dir: Path) -> list[Section]:
                 "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted. In brackets the "
                 "verdict against the nulls, the random-piece null centred/whitened the same way on its own fit "
                 "set: (+)/(−) survives with that sign, (no) explained by a null (words.json names which).",
-                table=normalization_table(rows)),
+                table=normalization_table(rows), collapsed=True),
         Section("Frequency bands", "Within-band Spearman ρ and mean ‖v‖² (ρ / mean) for each Zipf band, "
-                "most frequent first, for each source's best raw composition.", table=band_table(scatter, rows)),
+                "most frequent first, for each source's best raw composition.", table=band_table(scatter, rows),
+                collapsed=True),
         Section("IC sources", "Spearman of each source's best raw composition against wordfreq IC, "
                 "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token; the "
                 "shuffled-IC interval is chance level at this n.",
-                table=words.get("ic_sources")),
+                table=words.get("ic_sources"), collapsed=True),
     ]  # fmt: skip
     if length:
         sections.append(Section(
@@ -377,12 +415,13 @@ def build_sections(run_dir: Path) -> list[Section]:
             "Statistics are means over documents with 95% percentile-bootstrap CIs over documents; source "
             "'null_random' composes random word vectors (the null). Curves are means over documents of "
             "‖v_n‖²/‖v_N‖²; the dotted line is exact proportionality.",
-            table=length_table(length), figure=length_figure(length, "synthetic")))  # fmt: skip
+            figure=length_figure(length, "synthetic"),
+            children=[Section("Every source × composition", table=length_table(length), collapsed=True)]))  # fmt: skip
         sections.append(Section(
             "Fixed point of CLS/EOS and mean pooling",
             "cos(v_n, v_N) averaged over the second half of the prefix grid (1 = the direction has stopped "
             "moving) and the relative growth of ‖v‖² over that half (0 = the norm has stopped growing). The "
-            "mean-pooling fixed point is a property of averaging (brief §8), shown as the control.",
+            "mean-pooling fixed point is a property of averaging [ours, docs/norm_ic.md], shown as the control.",
             table=fixed_point_table(length), figure=length_figure(length, "natural")))  # fmt: skip
     if context:
         sections.append(Section(
@@ -391,5 +430,36 @@ def build_sections(run_dir: Path) -> list[Section]:
             "to it (with a warning), which would flatten its curve artificially. Counts per source:",
             table=[{"source": s, "documents": c["n_docs"], "over context": c["docs"], "prefixes cut": c["prefixes"],
                     "context (pieces)": c["limit"], "longest text (pieces)": c["max_pieces"]}
-                   for s, c in context.items()]))  # fmt: skip
+                   for s, c in context.items()], collapsed=True))  # fmt: skip
     return sections
+
+
+def headline(summary: dict) -> list[Headline]:
+    """The curated headline: word-level correspondence of the static tables and each model's last layer
+    (IND, sum, mean, pooled) against the nulls, and the length experiment's shape for the same rows."""
+    srcs = list(dict.fromkeys(k.split(".")[0] for k in summary
+                              if k.endswith(".spearman") and k.count(".") == 2 and "@" not in k))  # fmt: skip
+    last: dict[str, tuple[int, str]] = {}
+    for src in srcs:
+        m = re.fullmatch(r"(.+)_L(\d+)", src)
+        if m and int(m.group(2)) > last.get(m.group(1), (-1, ""))[0]:
+            last[m.group(1)] = (int(m.group(2)), src)
+    comps = ("ind", "sum", "mean", "pooled")
+    rows = [(f"{s} / word", f"{s}.word") for s in srcs if f"{s}.word.spearman" in summary]
+    rows += [
+        (f"{s} / {c}", f"{s}.{c}") for _, s in last.values() for c in comps if f"{s}.{c}.spearman" in summary
+    ]
+    word = Headline(tuple(rows), cols=(("Spearman ρ [95% CI]", "spearman"), ("Pearson r [95% CI]", "pearson"),
+                                       ("ρ of random vectors per piece", "null_random.spearman"),
+                                       ("against the nulls", "verdict")),
+                    pattern="{row}.{col}", corner="source / composition",
+                    caption="Word level: squared norm against information content (raw norms)",
+                    labels={"verdict": {1: "survives (+)", -1: "survives (−)", 0: "explained by a null"}})  # fmt: skip
+    cer_rows = [(f"{s} / {c}", f"{s}.{c}") for s in [v[1] for v in last.values()] + ["null_random"] for c in comps
+                if f"{s}.{c}.cer_r2" in summary or f"{s}.{c}.fixed_cos_natural" in summary]  # fmt: skip
+    cer = Headline(tuple(cer_rows), cols=(("R² against length n, synthetic [CI]", "cer_r2"),
+                                          ("R² against n, natural [CI]", "cer_r2_natural"),
+                                          ("cos(v_n, v_N), natural [CI]", "fixed_cos_natural")),
+                   pattern="{row}.{col}", corner="source / composition",
+                   caption="Length: ‖v_n‖² over growing prefixes (null_random: random word vectors)")  # fmt: skip
+    return [word, cer]

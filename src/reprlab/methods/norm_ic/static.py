@@ -1,7 +1,7 @@
 """Static embedding sources: GloVe 6B-50d, SGNS trained with gensim, and any model's input table.
 
-The packaged corpora are gensim's test data (assets.md §4): a 106-article Wikipedia slice (453k tokens)
-and 300 Lee news documents (60k tokens). They are far too small for good vectors; the brief expects the tiny
+The packaged corpora are gensim's test data (docs/assets.md): a 106-article Wikipedia slice (453k tokens)
+and 300 Lee news documents (60k tokens). They are far too small for good vectors; we expect the tiny
 SGNS to sit below Oyama et al.'s R², and reports say so.
 """
 
@@ -114,7 +114,7 @@ def train_sgns(
 
     With ``workers=1`` the result is a function of ``seed`` alone: gensim seeds the initial vectors from
     ``seed`` and each job's sampling stream from one model RNG, so only the order in which several worker
-    threads take jobs varies between runs (issue 14 measured 25 summary keys differing with 2 workers).
+    threads take jobs varies between runs (measured: 25 summary keys differed with 2 workers).
 
     Returns:
         ``(word_vectors, context_vectors)``: the input vectors u_w and the output (``syn1neg``) vectors v_w,

@@ -1,7 +1,7 @@
 """Correspondence statistics between ‖v‖² and IC, with percentile bootstrap confidence intervals.
 
 Pearson r = cov(x, y)/(σ_x σ_y); Spearman ρ = Pearson on average ranks (ties share their mean rank);
-R² = 1 − SS_res/SS_tot of the OLS fit y = a + b·x (equal to r² for simple regression) [brief §4].
+R² = 1 − SS_res/SS_tot of the OLS fit y = a + b·x (equal to r² for simple regression).
 The bootstrap resamples word indices with replacement ``n_boot`` times, all resamples vectorised [ours].
 """
 

@@ -1,7 +1,7 @@
-"""Evaluation and fit vocabularies sampled across wordfreq frequency bands [ours, following brief §4].
+"""Evaluation and fit vocabularies sampled across wordfreq frequency bands [ours].
 
 The evaluation words and the fit words (for centring/whitening) are disjoint by construction: whitening
-fitted on the test words makes ‖w̃‖² ≈ IC + log leverage by algebra (brief §8), an artefact we must avoid.
+fitted on the test words makes ‖w̃‖² ≈ IC + log leverage by algebra, an artefact we must avoid.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def sample_vocabulary(
         n_eval: number of evaluation words (spread evenly over bands; a band with too few words gives all).
         n_fit: number of fit words, drawn uniformly from the remaining candidates.
         top_k: size of the wordfreq list to draw from.
-        skip_top: drop the most frequent function words [brief §4].
+        skip_top: drop the most frequent function words [ours].
         n_bands: number of Zipf bands.
         seed: sampling seed.
         keep: optional filter (e.g. "is in the GloVe vocabulary").

@@ -7,7 +7,7 @@ own place; the package docstring (``reprlab.methods.otcclip``) maps them all.
 
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.pipeline.preflight import preflight
-from reprlab.methods.otcclip.pipeline.report import report_sections
+from reprlab.methods.otcclip.pipeline.report import HEADLINE, SUMMARY_KINDS, report_sections
 from reprlab.methods.otcclip.pipeline.run import run
 
-__all__ = ["Config", "preflight", "report_sections", "run"]
+__all__ = ["HEADLINE", "SUMMARY_KINDS", "Config", "preflight", "report_sections", "run"]

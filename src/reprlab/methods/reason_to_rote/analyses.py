@@ -286,7 +286,7 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
     with y' the corrupted item's token at k (items where they coincide are dropped) and k drawn from the
     noisy items' k distribution so both circuits look at comparable positions.
 
-    Matched null [ours, issue 12]: ``n_null`` circuits of *unrelated* metrics (logit difference of a random
+    Matched null [ours, docs/reason_to_rote.md]: ``n_null`` circuits of *unrelated* metrics (logit difference of a random
     digit pair per item) on the same noisy items, corruptions and positions. Any two circuits read at the
     same positions share the position-generic nodes, so a uniform-random-subset IoU (``iou_random_baseline``,
     ~0.01) is no evidence of shared mechanism; ``iou`` must beat ``iou_null_unrelated`` (mean IoU of the
@@ -339,7 +339,7 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
 
 
 def permute_labels(train_set: Batch, seed: int) -> Batch:
-    """The label-permuted training set [ours, issue 12]: every item gets the answer of another item.
+    """The label-permuted training set [ours, docs/reason_to_rote.md]: every item gets the answer of another item.
 
     Prompts stay; the answer tokens (incl. EOS) of item ``i`` are those of item ``perm[i]`` for a random
     derangement ``perm`` drawn from ``seed``, so the label multiset is unchanged and no input keeps its own

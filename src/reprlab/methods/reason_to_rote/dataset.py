@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from reprlab.jsonfile import dumps_json
+
 
 class DatasetError(ValueError):
     """A dataset file is missing, malformed, or inconsistent; the message names the file."""
@@ -57,10 +59,10 @@ class Dataset:
             tmp = folder / f"{name}.jsonl.tmp"
             with tmp.open("w") as f:
                 for it in items:
-                    f.write(json.dumps(asdict(it), sort_keys=True) + "\n")
+                    f.write(dumps_json(asdict(it), indent=None, sort_keys=True) + "\n")
             tmp.replace(folder / f"{name}.jsonl")
         manifest = {**self.manifest, "sizes": {k: len(v) for k, v in self.splits.items()}}
-        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        (folder / "manifest.json").write_text(dumps_json(manifest, indent=2, sort_keys=True))
 
 
 def load_dataset(folder: Path, validate_item: Callable[[Item], str | None] | None = None) -> Dataset:

@@ -9,14 +9,14 @@ memorisation and generalisation circuits (node attribution patching), and outlie
 
 Paper vs ours: the tasks, the analyses and their names are the paper's; every format, size, architecture,
 hyper-parameter, layer/position choice and summary statistic here is **[ours]** (the paper's are unknown
-to us, see ``shared/papers/reason-to-rote.md``). Circuits are node-level (the paper uses edges).
+to us; ``docs/reason_to_rote.md`` lists every choice). Circuits are node-level (the paper uses edges).
 
 Pipeline (each step a resumable stage): data -> train (checkpoints, dynamics; stops once memorised *and*
 generalised on a clean validation split) -> final eval -> dynamics summary -> logit lens -> probes -> INLP ->
 circuits [-> edge circuits, head ablation: options] -> neurons -> summary. ``report_sections`` plots from
 the saved artefacts.
 
-Matched nulls [ours, issue 12; see ``docs/reason_to_rote.md``]: probes are scored only at leak-free cells
+Matched nulls [ours; see ``docs/reason_to_rote.md``]: probes are scored only at leak-free cells
 (both digit orders) chosen on a split disjoint from the reported one, against the same probe on an untrained
 model; circuit overlap against circuits of unrelated metrics at the same items and positions; neuron
 patch-back as a gain over the pre-patch rate, net of random and attribution-matched neurons; and
@@ -33,12 +33,14 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError
+from reprlab.jsonfile import null_as_nan
 from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
 from reprlab.models.gpt import GPT, GPTConfig
+from reprlab.report.headline import Headline
 from reprlab.train.seed import seed_everything
 
 
@@ -128,10 +130,11 @@ def dynamics_summary(rows: list[dict], threshold: float = 0.5) -> dict:
 
 
 def _metrics_rows(run) -> list[dict]:
+    """metrics.jsonl rows; a rate that was NaN (no noisy items) is written as null and read back as NaN."""
     path = run.dir / "metrics.jsonl"
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
+    if not path.exists():
+        return []
+    return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def preflight(cfg: Config) -> None:
@@ -312,6 +315,29 @@ class _StageRun:
 
     def progress(self, iterable, total=None, desc=""):
         return self._run.progress(iterable, total=total, desc=f"{desc} (label-permuted null)")
+
+
+# Shares of items (exact match, probe accuracy, restoration rates) and circuit overlaps (IoU, in [0, 1]) get
+# Wilson intervals over seeds; drops, gains, z-scores and faithfulness are differences or ratios: t intervals.
+SUMMARY_KINDS = {
+    "*_em": "proportion", "noisy_memorized": "proportion", "noisy_true_answer": "proportion",
+    "peak_noisy_true_answer": "proportion", "probe_carry_acc_*": "proportion", "neuron_patch_restore_rate*": "proportion",
+    "neuron_true_before": "proportion", "circuit_iou": "proportion", "circuit_iou_null_*": "proportion",
+    "circuit_iou_random": "proportion", "edge_circuit_iou": "proportion", "edge_circuit_iou_null_*": "proportion",
+}  # fmt: skip
+HEADLINE = (
+    Headline(rows=(("clean test exact match", "clean_test_em"), ("noisy labels memorised", "noisy_memorized"),
+                   ("true answer on noisy items, at its peak", "peak_noisy_true_answer"),
+                   ("training steps", "steps")), caption="Generalise, then memorise"),
+    Headline(rows=(("carries decoded on noisy items", "probe_carry_acc_noisy_shared_prefix"),
+                   ("  … by the same probe on an untrained model", "probe_carry_acc_random_model"),
+                   ("memorisation drop, carry subspaces removed (INLP)", "inlp_memorization_drop"),
+                   ("  … random subspaces of the same ranks", "inlp_random_drop"),
+                   ("memorisation-generalisation circuit overlap (IoU)", "circuit_iou"),
+                   ("  … with circuits of unrelated metrics", "circuit_iou_null_unrelated"),
+                   ("top-neuron patching: net restoration gain", "neuron_restore_gain_net")),
+             caption="Mechanism, each against its null"),
+)  # fmt: skip
 
 
 def report_sections(run_dir: Path):

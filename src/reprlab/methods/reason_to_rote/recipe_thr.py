@@ -30,6 +30,7 @@ from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.thr import THRConfig, generate_thr, validate_thr_item
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
 from reprlab.models.gpt import GPT, GPTConfig
+from reprlab.report.headline import Headline
 from reprlab.train.seed import seed_everything
 
 
@@ -120,7 +121,7 @@ def run(cfg: Config, run) -> dict:
     person = {p: i for i, p in enumerate(ds.manifest["people"])}
 
     def probes() -> dict:
-        # [ours, issue 12] the cell is chosen on clean training questions held out from the probe's fit
+        # [ours] the cell is chosen on clean training questions held out from the probe's fit
         # (``select``), disjoint from the noisy questions and held-out test questions it is reported on
         sel_idx, fit_idx = thr_selection_split(len(clean_q), cfg.seed)
         fit_b, sel_b = clean_b.select(torch.as_tensor(fit_idx)), clean_b.select(torch.as_tensor(sel_idx))
@@ -185,6 +186,17 @@ def run(cfg: Config, run) -> dict:
         "inlp_rank": il["rank"], "inlp_clean_train_drop": il["before"]["clean_train_em"] - il["inlp"]["clean_train_em"],
         "steps": final["steps"], "train_seconds": final["train_seconds"],
     }  # fmt: skip
+
+
+SUMMARY_KINDS = {"*_em": "proportion", "noisy_*": "proportion", "probe_bridge_acc_*": "proportion"}
+HEADLINE = Headline(
+    rows=(("noisy two-hop answers memorised", "noisy_memorized"), ("atomic facts learned", "facts_em"),
+          ("held-out two-hop exact match", "heldout_two_hop_em"),
+          ("bridge entity decoded on noisy questions", "probe_bridge_acc_noisy"),
+          ("  … by the same probe on an untrained model", "probe_bridge_acc_noisy_random_model"),
+          ("memorisation drop, bridge subspace removed (INLP)", "inlp_memorization_drop"),
+          ("  … random subspace of the same rank", "inlp_random_drop")),
+    caption="Two-hop reasoning with noisy answers")  # fmt: skip
 
 
 def report_sections(run_dir: Path):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reprlab.jsonfile import null_as_nan
 from reprlab.report import Section
+from reprlab.report.figures import pyplot
 
 PAPER_NOTE = (
     "Paper: Du et al., Reason to Rote (EMNLP 2025, arXiv 2507.04782). Task formats, model, training and "
@@ -14,23 +16,18 @@ PAPER_NOTE = (
 
 
 def _read(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
+    return null_as_nan(json.loads(path.read_text())) if path.exists() else None  # NaN is written as null
 
 
 def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def dynamics_section(
@@ -40,15 +37,15 @@ def dynamics_section(
     if not rows:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
     steps = [r["step"] for r in rows]
     for key, label in keys:
-        ax.plot(steps, [r.get(key, float("nan")) for r in rows], label=label, marker=".")
-    ax.set_xlabel("step")
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], label=label, marker=".", lw=1.6)
+    ax.set_xlabel("training step")
     ax.set_ylabel("exact-match share")
+    ax.set_title("Exact match along training")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    ax.legend(loc="center right")
     fig.tight_layout()
     peak = max(rows, key=lambda r: r.get("noisy_true_answer", -1))
     text = (f"Exact match along training (greedy answers, {len(rows)} evaluations). On noisy training items the "
@@ -70,18 +67,19 @@ def sweep_curves_section(seed_dirs: list[Path]) -> Section | None:
     if not runs:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.0 * len(runs), 2.8), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(runs), figsize=(max(6.0, 4.2 * len(runs)), 4.0), sharey=True, squeeze=False
+    )
     for ax, (d, rows) in zip(axes[0], runs):
         steps = [r["step"] for r in rows]
         for key, label in (("clean_test_em", "clean test EM"), ("noisy_memorized", "noisy: memorised"),
                            ("noisy_true_answer", "noisy: true answer")):  # fmt: skip
             ax.plot(steps, [r[key] for r in rows], label=label)
         ax.axvline(steps[-1], color="grey", lw=0.8, ls="--")
-        ax.set_title(d.name, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
+        ax.set_title(d.name)
+        ax.set_xlabel("training step")
     axes[0][0].set_ylabel("exact-match share")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(loc="center right")
     fig.tight_layout()
     return Section("Dynamics per seed", "Greedy exact match along training, one panel per seed; the dashed line "
                    "is where the stopping rule ended the run.", figure=fig)  # fmt: skip
@@ -113,7 +111,7 @@ def fda_sections(run_dir: Path) -> list[Section]:
     plt = _plt()
     lens = _read(an / "logit_lens.json")
     if lens:
-        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.0))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         x = range(len(lens["layers"]))
         axes[0].plot(x, lens["mean_prob_a"], marker="o", label="true y*")
         axes[0].plot(x, lens["mean_prob_b"], marker="o", label="noisy ỹ")
@@ -122,21 +120,24 @@ def fda_sections(run_dir: Path) -> list[Section]:
         axes[1].plot(x, lens["median_rank_b"], marker="o", label="noisy ỹ")
         axes[1].set_ylabel("median rank (0 = top)")
         for ax in axes:
-            ax.set_xticks(list(x), lens["layers"])
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3)
+            ax.set_xticks(list(x), lens["layers"], rotation=20)
+            ax.set_xlabel("layer (residual stream read through the unembedding)")
+            ax.legend()
+        axes[0].set_title("Probability of each answer")
+        axes[1].set_title("Rank of each answer")
         fig.tight_layout()
         out.append(Section(
             "Logit lens on noisy items",
             f"{lens['n_items']} noisy training items, read at the first answer position where ỹ and y* differ. "
-            f"Share with y* ranked above ỹ per layer: {lens['share_a_above_b']}.",
+            "Share with y* ranked above ỹ per layer: "
+            + ", ".join(f"{la} {v:.2f}" for la, v in zip(lens["layers"], lens["share_a_above_b"])) + ".",
             table=[{"layer": layer, "p(y*)": a, "p(ỹ)": b, "top1 y*": ta, "top1 ỹ": tb}
                    for layer, a, b, ta, tb in zip(lens["layers"], lens["mean_prob_a"], lens["mean_prob_b"],
                                                   lens["top1_a"], lens["top1_b"])], figure=fig))  # fmt: skip
     lot = _read(an / "lens_over_training.json")
     if lot and lot["snapshots"]:
         snaps = lot["snapshots"]
-        fig, ax = plt.subplots(figsize=(6.4, 3.0))
+        fig, ax = plt.subplots(figsize=(8.5, 4.2))
         for li, layer in enumerate(snaps[0]["layers"]):
             ax.plot(
                 [s["step"] for s in snaps],
@@ -147,8 +148,8 @@ def fda_sections(run_dir: Path) -> list[Section]:
         ax.set_xlabel("training step (snapshot)")
         ax.set_ylabel("share: y* ranked above ỹ")
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        ax.set_title("True answer above the memorised one, per layer")
+        ax.legend(title="layer")
         fig.tight_layout()
         out.append(
             Section(
@@ -161,16 +162,19 @@ def fda_sections(run_dir: Path) -> list[Section]:
     probes = _read(an / "probes.json")
     if probes:
         names = [f"carry{k}" for k in range(4)]
-        fig, axes = plt.subplots(2, 4, figsize=(10, 4.8), squeeze=False, constrained_layout=True)
+        fig, axes = plt.subplots(2, 4, figsize=(14, 6.4), squeeze=False, constrained_layout=True)
         for j, name in enumerate(names):
             g = probes["grids"][name]
             for i, split in enumerate(("clean_test", "noisy")):
                 ax = axes[i][j]
                 im = ax.imshow(g["acc"][split], vmin=0.5, vmax=1.0, cmap="viridis", aspect="auto")
-                ax.set_title(f"{name} / {split}", fontsize=8)
-                ax.set_yticks(range(len(g["layers"])), g["layers"] if j == 0 else [], fontsize=7)
-                ax.set_xticks(range(len(g["positions"])), g["positions"], fontsize=7)
-        fig.colorbar(im, ax=axes, shrink=0.6)
+                ax.set_title(f"{name}, {split.replace('_', ' ')}")
+                ax.set_yticks(range(len(g["layers"])), g["layers"] if j == 0 else [])
+                ax.set_xticks(range(len(g["positions"])), g["positions"])
+                ax.grid(False)
+                if i == 1:
+                    ax.set_xlabel("sequence position")
+        fig.colorbar(im, ax=axes, shrink=0.6, label="probe accuracy")
         out.append(Section(
             "Linear probes for intermediate results",
             "Logistic-regression probes on the residual stream (rows: layers; columns: sequence positions), "
@@ -207,7 +211,7 @@ def fda_sections(run_dir: Path) -> list[Section]:
             "faithfulness_generalization",
             "faithfulness_memorization_with_generalization_circuit",
         ]
-        fig, ax = plt.subplots(figsize=(6.4, 2.8))
+        fig, ax = plt.subplots(figsize=(9, 4.2))
         hooks = sorted(set(circ["score_share_by_hook_memorization"]))
         w = 0.4
         ax.bar(
@@ -223,10 +227,15 @@ def fda_sections(run_dir: Path) -> list[Section]:
             label="generalisation",
         )
         ax.set_xticks(
-            range(len(hooks)), [h.replace("blocks.", "b").replace(".hook_", ".") for h in hooks], fontsize=7
+            range(len(hooks)),
+            [h.replace("blocks.", "b").replace(".hook_", ".") for h in hooks],
+            rotation=30,
+            ha="right",
         )
         ax.set_ylabel("share of |attribution|")
-        ax.legend(fontsize=8)
+        ax.set_xlabel("hook point (block.site)")
+        ax.set_title("Where each circuit's attribution sits")
+        ax.legend()
         fig.tight_layout()
         out.append(Section(
             "Circuit overlap (node attribution patching)",
@@ -238,10 +247,12 @@ def fda_sections(run_dir: Path) -> list[Section]:
             table=[{k: circ.get(k) for k in keys}], figure=fig))  # fmt: skip
     neu = _read(an / "neurons.json")
     if neu:
-        fig, ax = plt.subplots(figsize=(6.4, 2.6))
+        fig, ax = plt.subplots(figsize=(9, 4.0))
         ax.bar(range(len(neu["neurons"])), neu["z_noisy_by_neuron"])
-        ax.set_xticks(range(len(neu["neurons"])), neu["neurons"], fontsize=7, rotation=90)
+        ax.set_xticks(range(len(neu["neurons"])), neu["neurons"], rotation=90)
+        ax.set_xlabel("neuron (by memorisation attribution)")
         ax.set_ylabel("mean z on noisy items")
+        ax.set_title("Shift of the top neurons on noisy items")
         fig.tight_layout()
         keys = [
             "hook",

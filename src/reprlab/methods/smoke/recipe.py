@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from reprlab.report import Section
+from reprlab.report.figures import pyplot
+from reprlab.report.headline import Headline
 from reprlab.runs import Run
 from reprlab.train.schedule import warmup_cosine
 from reprlab.train.seed import generator
@@ -109,22 +111,28 @@ def run(cfg: Config, run: Run) -> dict:
     return {"test_acc": acc, "final_loss": F.cross_entropy(logits, yte).item(), "steps": step}
 
 
+SUMMARY_KINDS = {"test_acc": "proportion"}  # a share of test digits: Wilson intervals over seeds
+HEADLINE = Headline(rows=(("test accuracy", "test_acc"), ("final test cross-entropy", "final_loss"),
+                          ("training steps", "steps")), caption="Held-out digits")  # fmt: skip
+
+
 def report_sections(run_dir: Path) -> list[Section]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from reprlab.runs import read_json
 
     path = Path(run_dir) / "artifacts" / "confusion.json"
     if not path.exists():
         return []
     confusion = np.array(read_json(path))
-    fig, ax = plt.subplots(figsize=(3.6, 3.2))
-    ax.imshow(confusion, cmap="Blues")
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    im = ax.imshow(confusion, cmap="Blues")
+    ax.set_xticks(range(10))
+    ax.set_yticks(range(10))
+    ax.set_xlabel("predicted digit")
+    ax.set_ylabel("true digit")
+    ax.set_title("Test confusion matrix")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="test items")
     return [
         Section(
             "Test confusion matrix", text="scikit-learn digits (real 8×8 scans), held-out split.", figure=fig

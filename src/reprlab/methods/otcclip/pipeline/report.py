@@ -10,25 +10,36 @@ from pathlib import Path
 
 import numpy as np
 
+from reprlab.jsonfile import null_as_nan
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
 from reprlab.report import Section
+from reprlab.report.headline import Headline
+
+# shares of test items or pairs: Wilson intervals over seeds (reprlab.results.intervals)
+SUMMARY_KINDS = {"*.zeroshot_acc": "proportion", "*.linear_probe_acc": "proportion", "*.asr_*": "proportion",
+                 "*.rematch_*": "proportion", "*.ot_converged_share": "proportion", "poison_rate": "proportion",
+                 "audit.precision*": "proportion", "audit.recall": "proportion"}  # fmt: skip
+HEADLINE = Headline(
+    rows=(("none (undefended)", "none"), ("RoCLIP-style", "roclip"), ("SafeCLIP-style", "safeclip"),
+          ("CleanCLIP-style", "cleanclip"), ("OTCCLIP", "otcclip")),
+    cols=(("zero-shot accuracy", "zeroshot_acc"), ("linear-probe accuracy", "linear_probe_acc"),
+          ("targeted ASR", "asr_targeted"), ("backdoor ASR", "asr_backdoor")),
+    pattern="{row}.{col}", corner="defense", caption="Clean accuracy (higher is better) and attack success (lower)")  # fmt: skip
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def report_sections(run_dir: Path) -> list[Section]:
     """Table, plots and notes of the comparison, from the saved files of ``run_dir``."""
-    import matplotlib
+    from reprlab.report.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     run_dir = Path(run_dir)
-    results = json.loads((run_dir / "analysis" / "results.json").read_text())
+    results = null_as_nan(json.loads((run_dir / "analysis" / "results.json").read_text()))
     data = json.loads((run_dir / "analysis" / "data.json").read_text())
     defenses = list(results)
     metrics = (
@@ -78,7 +89,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows)
     )
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     x = np.arange(len(defenses))
     for ax, keys, title in (
         (axes[0], ("asr_targeted", "asr_backdoor"), "attack success rate"),
@@ -89,7 +100,8 @@ def report_sections(run_dir: Path) -> list[Section]:
         ax.set_xticks(x, defenses)
         ax.set_ylim(0, 1)
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        ax.set_ylabel("share of test items")
+        ax.legend()
     fig.tight_layout()
     sections.append(Section("ASR and accuracy per defense", figure=fig))
 
@@ -112,17 +124,18 @@ def report_sections(run_dir: Path) -> list[Section]:
                 "within defense.ot.match_tol (null tolerance: judged against 1e-4). Above tolerance the trainer "
                 "warns; the ranking of candidates can then depend on solver error.",
                 table=ot_rows,
+                collapsed=True,
             )
         )
     if log:
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
         for d in defenses:
             pts = [r for r in log if r.get("defense") == d]
             for ax, k in zip(axes, ("zeroshot_acc", "asr_targeted", "asr_backdoor")):
                 ax.plot([r["epoch"] for r in pts], [r.get(k, np.nan) for r in pts], marker="o", ms=3, label=d)
                 ax.set_title(k)
                 ax.set_xlabel("epoch")
-        axes[0].legend(fontsize=8)
+        axes[0].legend()
         fig.tight_layout()
         sections.append(
             Section("Training curves", "Evaluated after every epoch (metrics.jsonl).", figure=fig)
@@ -153,15 +166,13 @@ def report_sections(run_dir: Path) -> list[Section]:
         examples = json.loads(path.read_text()) if path.exists() else []
         if not examples:
             continue
-        fig, axes = plt.subplots(1, len(examples), figsize=(2.4 * len(examples), 3.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(examples), figsize=(2.8 * len(examples), 3.8), squeeze=False)
         for ax, e in zip(axes[0], examples):
             img = np.asarray(e["image"], dtype=np.uint8).transpose(1, 2, 0)
             ax.imshow(img.squeeze(-1) if img.shape[-1] == 1 else img, cmap="gray")
             ax.axis("off")
             tag = {0: "clean", TARGETED: "targeted", BACKDOOR: "backdoor"}[e["kind"]]
-            ax.set_title(
-                f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=5.5
-            )
+            ax.set_title(f"[{tag}]\norig: {_wrap(e['original'])}\nnew: {_wrap(e['reassigned'])}", fontsize=8)
         fig.tight_layout()
         sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
     return sections
