@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from reprlab.train.timing import section
+
 SUFFIX_SENTINEL = "\x00SUFFIX\x00"
 
 
@@ -62,7 +64,8 @@ class ChatFormat:
         )
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return _encode(self.tokenizer, self.render_prompt(prompt))
+        with section("tokenise"):
+            return _encode(self.tokenizer, self.render_prompt(prompt))
 
     def response_ids(
         self, prompt: str, response: str, end_turn: bool = True, max_tokens: int | None = None
@@ -74,25 +77,27 @@ class ChatFormat:
                 truncated generations, which must not be taught to stop mid-sentence.
             max_tokens: truncate the reply content to this many tokens (before the end-of-turn marker).
         """
-        head = self.render_prompt(prompt)
-        full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
-        tail = full[len(head) :] if full.startswith(head) else response
-        # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
-        cut = tail.find(response) + len(response) if response and response in tail else len(tail)
-        content, marker = _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
+        with section("tokenise"):
+            head = self.render_prompt(prompt)
+            full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
+            tail = full[len(head) :] if full.startswith(head) else response
+            # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
+            cut = tail.find(response) + len(response) if response and response in tail else len(tail)
+            content, marker = _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
         if max_tokens is not None:
             content = content[:max_tokens]
         return content + (marker if end_turn else [])
 
     def suffix_split(self, prompt: str) -> tuple[list[int], list[int]]:
         """``(pre, post)`` ids around an adversarial suffix slot at the end of the user content."""
-        text = self.tokenizer.apply_chat_template(
-            self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False),
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        pre, post = text.split(SUFFIX_SENTINEL)
-        return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
+        with section("tokenise"):
+            text = self.tokenizer.apply_chat_template(
+                self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False),
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            pre, post = text.split(SUFFIX_SENTINEL)
+            return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
 
 
 @dataclass

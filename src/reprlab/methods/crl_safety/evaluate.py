@@ -15,6 +15,7 @@ from reprlab.methods.crl_safety.embedding_attack import embedding_attack
 from reprlab.methods.crl_safety.gcg import gcg_attack
 from reprlab.methods.crl_safety.judge import shares
 from reprlab.methods.crl_safety.metrics import benign_kl, mechanism
+from reprlab.train.timing import section
 
 
 def _h(text: str) -> dict:
@@ -81,7 +82,8 @@ class EvalData:
 
 
 def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
-    labels = judge(prompts, gens, harmful=harmful)
+    with section("judge"):
+        labels = judge(prompts, gens, harmful=harmful)
     out = {"labels": labels, **shares(labels)}
     if hasattr(
         judge, "last_unparsed"
@@ -105,9 +107,14 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     groups = {"direct": p_ids, "prefill": [a + b for a, b in zip(p_ids, prefixes)],
               "benign": [fmt.prompt_ids(p) for p in data.harmless], "xstest": [fmt.prompt_ids(p) for p in data.xstest]}  # fmt: skip
     say(f"[{name}] direct, prefill, benign, xstest generations")
-    flat = generate(
-        model, tok, [x for g in groups.values() for x in g], cfg.max_new_tokens, batch_size=cfg.gen_batch_size
-    )
+    with section("generate direct+prefill+benign+xstest"):
+        flat = generate(
+            model,
+            tok,
+            [x for g in groups.values() for x in g],
+            cfg.max_new_tokens,
+            batch_size=cfg.gen_batch_size,
+        )
     gens, at = {}, 0
     for k, g in groups.items():
         gens[k], at = flat[at : at + len(g)], at + len(g)
@@ -134,9 +141,19 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     configs, broken, best = [], [False] * len(prompts), [float("inf")] * len(prompts)
     for lr, init in zip(cfg.emb_lrs, cfg.emb_inits):
         say(f"[{name}] embedding attack lr={lr}")
-        r = embedding_attack(
-            model, tok, fmt, prompts, targets, cfg.emb_steps, lr, init, cfg.emb_n_suffix, cfg.max_new_tokens
-        )
+        with section("embedding attack"):
+            r = embedding_attack(
+                model,
+                tok,
+                fmt,
+                prompts,
+                targets,
+                cfg.emb_steps,
+                lr,
+                init,
+                cfg.emb_n_suffix,
+                cfg.max_new_tokens,
+            )
         j = _judged(judge, prompts, r.generations)
         configs.append({"lr": lr, "init": init, "best_loss": r.best_loss, "curve_mean": [sum(c) / len(c) for c in r.loss_curve],
                         "generations": r.generations, **j})  # fmt: skip
@@ -152,20 +169,23 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
         say(f"[{name}] gcg")
         gp = prompts[: cfg.gcg_prompts]
         k = cfg.gcg_target_tokens or cfg.target_tokens
-        g = gcg_attack(model, tok, fmt, gp, [t[:k] for t in targets[: cfg.gcg_prompts]], cfg.gcg_steps, cfg.gcg_n_suffix, cfg.gcg_top_k,
+        with section("gcg"):
+            g = gcg_attack(model, tok, fmt, gp, [t[:k] for t in targets[: cfg.gcg_prompts]], cfg.gcg_steps, cfg.gcg_n_suffix, cfg.gcg_top_k,
                        cfg.gcg_width, max_new_tokens=cfg.max_new_tokens, allowed=allowed, seed=seed,
-                       filter_retokenize=cfg.gcg_filter_retokenize)  # fmt: skip
+                           filter_retokenize=cfg.gcg_filter_retokenize)  # fmt: skip
         res["gcg"] = {"best_loss": g.best_loss, "suffixes": g.suffixes, "generations": g.generations,
                       "n_filtered": g.n_filtered,
                       **_judged(judge, gp, g.generations)}  # fmt: skip
-    res["benign_kl"] = (
-        0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
-    )
+    with section("benign KL"):
+        res["benign_kl"] = (
+            0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
+        )
     if frozen_ctx is not None or frozen_model is not None:
         say(f"[{name}] mechanism")
-        res["mechanism"] = mechanism(
-            model, data.harmful_pairs, data.harmless_pairs, pad, mech_layers, frozen_ctx, frozen_model
-        )
+        with section("mechanism"):
+            res["mechanism"] = mechanism(
+                model, data.harmful_pairs, data.harmless_pairs, pad, mech_layers, frozen_ctx, frozen_model
+            )
     return res
 
 

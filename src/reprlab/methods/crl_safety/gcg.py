@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.embedding_attack import _layout, target_losses
+from reprlab.train.timing import section
 
 
 @dataclass
@@ -136,8 +137,9 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
         onehot = (
             F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)
         )  # [batch, n_suffix, d_vocab]
-        losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
-        (grad,) = torch.autograd.grad(losses.sum(), [onehot])
+        with section("gradient"):
+            losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
+            (grad,) = torch.autograd.grad(losses.sum(), [onehot])
         grad = grad.masked_fill(~allowed, float("inf"))
         top = (-grad).topk(top_k, dim=-1).indices  # [batch, n_suffix, top_k]
         pos = torch.randint(n_suffix, (n, search_width), generator=gen).to(dev)
@@ -152,12 +154,14 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
             pre, post = splits[r]
             cand = cands[r]
             if filter_retokenize:
-                keep = retokenizes(tok, cand)
+                with section("retokenise filter"):
+                    keep = retokenizes(tok, cand)
                 n_filtered += int((~keep).sum())
                 if not bool(keep.any()):  # nothing survives: keep this prompt's suffix for the step
                     continue
                 cand = cand[keep]
-            sc, ex = score_candidates(model, pre, cand, post, list(targets[r]), chunk)
+            with section("score candidates"):
+                sc, ex = score_candidates(model, pre, cand, post, list(targets[r]), chunk)
             i = int(sc.argmin())
             suffix[r], step_best[r], done[r] = cand[i], float(sc[i]), bool(ex[i])
             if float(sc[i]) < float(best[r]):
@@ -168,6 +172,7 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
     texts = [tok.decode(s.tolist(), skip_special_tokens=True) for s in best_suffix]
     # generate from discrete ids: pre + best suffix + post exactly as scored
     ids = [pre + s + post for (pre, post), s in zip(splits, best_suffix.tolist())]
-    gens = generate(model, tok, ids, max_new_tokens)
+    with section("generate"):
+        gens = generate(model, tok, ids, max_new_tokens)
     model.train(was_training)
     return GCGResult(best.tolist(), curve, texts, gens, best_suffix.tolist(), n_filtered)

@@ -39,6 +39,7 @@ from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
+from reprlab.train.timing import section, timing
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
 HEADLINE = (
@@ -269,6 +270,15 @@ def _splits(cfg: Config):
 
 
 def run(cfg: Config, run) -> dict:
+    """The whole pipeline; ``timings.json`` in the run folder says where this process's time went."""
+    with timing() as t:
+        try:
+            return _run(cfg, run)
+        finally:
+            run.save_json("timings.json", {"sections": t.rows()})
+
+
+def _run(cfg: Config, run) -> dict:
     preflight(cfg)  # again: library callers of run() skip the runner's hook
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -279,7 +289,8 @@ def run(cfg: Config, run) -> dict:
     seed_everything(cfg.seed)
     t_start = time.time()
     log = run.logger.info
-    ref, tok = load_model(cfg, device)
+    with section("load model"):
+        ref, tok = load_model(cfg, device)
     for p in ref.parameters():
         p.requires_grad_(False)
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
@@ -308,7 +319,8 @@ def run(cfg: Config, run) -> dict:
         }
         return out
 
-    g = run.stage("generate", gen_stage)
+    with section("generate base replies"):
+        g = run.stage("generate", gen_stage)
 
     def pair(p, r, end):
         return fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens)
@@ -318,9 +330,10 @@ def run(cfg: Config, run) -> dict:
         f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
     )
     source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
-    labels = judge(sp.harmful_train, g["harmful_train"])
+    with section("judge base replies"):
+        labels = judge(sp.harmful_train, g["harmful_train"])
+        ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
     check_compliant(labels, "harmful training", d.min_compliant, source)
-    ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
     check_compliant(ev_labels, "held-out harmful", d.min_compliant, source)
     # prefill prefixes, attack targets and mechanism pairs never come from a refusal: a held-out prompt without a
     # compliant completion gets the generic affirmative target instead [ours: HarmBench's per-behaviour target
@@ -343,12 +356,14 @@ def run(cfg: Config, run) -> dict:
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
                   [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
-    ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
+    with section("base logit rows"):
+        ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
     n_layers = num_layers(ref)
     mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
-    allowed = (
-        allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
-    )
+    with section("allowed tokens"):
+        allowed = (
+            allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
+        )
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
 
@@ -361,7 +376,8 @@ def run(cfg: Config, run) -> dict:
                            log=log, **kw)  # fmt: skip
             if mc_items:
                 log(f"[{name}] multiple-choice capability check ({len(mc_items)} items)")
-                res["capability_mc"] = mc_accuracy(model, tok, mc_items)
+                with section("capability MC"):
+                    res["capability_mc"] = mc_accuracy(model, tok, mc_items)
             if cap.lm_eval_tasks:
                 log(f"[{name}] lm-evaluation-harness: {', '.join(cap.lm_eval_tasks)}")
                 res["lm_eval"] = lm_eval_tasks(model, tok, cap.lm_eval_tasks, cap.lm_eval_include_path,
@@ -370,7 +386,8 @@ def run(cfg: Config, run) -> dict:
                                                batch_size=cap.lm_eval_batch_size)  # fmt: skip
             return res
 
-        return run.stage(f"eval_{name}", stage)
+        with section(f"eval {name}"):
+            return run.stage(f"eval_{name}", stage)
 
     if "base" in cfg.models:
         results["base"] = do_eval("base", ref)
@@ -386,7 +403,10 @@ def run(cfg: Config, run) -> dict:
         blocks = None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
-        info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
+        with section("train sft"):
+            info = Trainer(
+                "sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed
+            ).fit()
         run.stage("train_refusal", lambda: info)
         if "refusal" in cfg.models:
             results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
@@ -410,10 +430,11 @@ def run(cfg: Config, run) -> dict:
                     else benign_crl
                 )
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
-                    with peft.disable_adapter():
+                    with peft.disable_adapter(), section("centre states"):
                         center = state_means(peft, compliant, benign_crl, pad)
-                info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
-                               center=center, retain=benign).fit()  # fmt: skip
+                with section(f"train {kind}"):
+                    info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
+                                   center=center, retain=benign).fit()  # fmt: skip
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
                 model0 = peft.unload()
@@ -548,4 +569,12 @@ def report_sections(run_dir: Path) -> list[Section]:
             samples.append({"model": m, "prefix": e["prefill"]["prefixes"][i], "continuation": e["prefill"]["generations"][i][:160],
                             "label": e["prefill"]["labels"][i]})  # fmt: skip
     out.append(Section("Prefilling samples", table=samples))
+    t = run_dir / "timings.json"
+    if t.exists():
+        rows = [r for r in json.loads(t.read_text())["sections"] if r["depth"] <= 1]
+        out.append(Section("Where the time went", "Wall and CPU seconds of this process per part (CPU = every thread; "
+                           "a resumed run counts only what it ran); second-level parts are indented under their "
+                           "parent.", table=[{"part": "  " * r["depth"] + r["path"].split("/")[-1], "wall_s": r["wall_s"],
+                                              "cpu_s": r["cpu_s"], "calls": r["calls"], "cpu_share": r["cpu_share"]}
+                                             for r in rows]))  # fmt: skip
     return out

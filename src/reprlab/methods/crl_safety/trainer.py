@@ -34,6 +34,7 @@ from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, average_gradients, shard
+from reprlab.train.timing import section
 
 KINDS = ("sft", "rr", "crl", "crl_adv")
 Pair = tuple[list[int], list[int]]
@@ -252,12 +253,13 @@ class Trainer:
             return torch.cat(states, dim=1) if layers else None, torch.cat(rows) if logits else None
         if which not in self._frozen:
             cache = FrozenRows([], [] if logits else None)
-            for s in range(0, len(pairs), 8):
-                chunk = list(range(s, min(s + 8, len(pairs))))
-                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which, local=False)
-                cache.states += st
-                if logits:
-                    cache.logits += rw
+            with section("frozen cache"):
+                for s in range(0, len(pairs), 8):
+                    chunk = list(range(s, min(s + 8, len(pairs))))
+                    st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which, local=False)
+                    cache.states += st
+                    if logits:
+                        cache.logits += rw
             self._frozen[which] = cache
         c = self._frozen[which]
         states = torch.cat([c.states[i] for i in idx], dim=1) if layers else None
@@ -323,7 +325,7 @@ class Trainer:
         m, a = self.cfg.mining, self.attacker
         batches = iter(lambda: self._batch(self.harmful, self._sample(self.harmful, self.adv_rng)), None)
         # fork torch's RNG: the attack's dropout draws must not shift the defence's own dropout masks
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), section("mining"):
             if a.module is None or step % m.refresh_every == 0:
                 a.refresh(self._gen)
                 a.train(self.model, batches, m.iterations, m.stop_loss, m.window)
@@ -449,18 +451,22 @@ class Trainer:
         for step in range(start, self.steps):
             t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
-            loss, info = self.loss(step)
-            loss.backward()
+            with section("loss"):
+                loss, info = self.loss(step)
+            with section("backward"):
+                loss.backward()
             if self.world > 1 and not sharded:  # plain replicas: average like FSDP does
                 average_gradients(self.model)
-            self.opt.step()
+            with section("optimizer"):
+                self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
             if self.run is not None and (step % o.log_every == 0 or step == self.steps - 1):
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
             if saves and (done % o.checkpoint_every == 0 or done == self.steps):
-                modules, optims, extra = self._ckpt_parts()
-                self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
+                with section("checkpoint"):
+                    modules, optims, extra = self._ckpt_parts()
+                    self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
         self.model.eval()
         if ckpt:
             self.checkpointing(False)
