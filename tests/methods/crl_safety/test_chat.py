@@ -55,3 +55,30 @@ def test_batched_generation_equals_one_at_a_time(tiny, fmt):
     batched = generate(model, tok, prompts, 6)
     single = [generate(model, tok, [p], 6)[0] for p in prompts]
     assert batched == single
+
+
+def test_memoised_ids_equal_fresh_tokenisation_and_are_private_copies(tiny):
+    """Each text is tokenised once per ChatFormat; the ids equal a fresh object's and callers get their own lists."""
+    _, tok = tiny
+    calls = []
+
+    class Counting(type(tok)):
+        def encode(self, text, add_special_tokens=False):
+            calls.append(text)
+            return super().encode(text, add_special_tokens)
+
+    fmt = ChatFormat(Counting(), None, max_prompt_tokens=8)
+    first = (fmt.prompt_ids("a prompt longer than eight bytes"), fmt.response_ids("p", "Sure, here it is"),
+             fmt.suffix_split("q"))  # fmt: skip
+    n = len(calls)
+    first[0].append(-1)  # a caller editing its list must not edit the memo
+    again = (fmt.prompt_ids("a prompt longer than eight bytes"), fmt.response_ids("p", "Sure, here it is"),
+             fmt.suffix_split("q"))  # fmt: skip
+    assert len(calls) == n  # nothing tokenised twice
+    fresh = ChatFormat(tok, None, max_prompt_tokens=8)
+    assert again == (fresh.prompt_ids("a prompt longer than eight bytes"), fresh.response_ids("p", "Sure, here it is"),
+                     fresh.suffix_split("q"))  # fmt: skip
+    # the truncation and end-of-turn options still apply to the memoised reply
+    assert fmt.response_ids("p", "Sure, here it is", end_turn=False, max_tokens=3) == fresh.response_ids(
+        "p", "Sure, here it is", end_turn=False, max_tokens=3
+    )

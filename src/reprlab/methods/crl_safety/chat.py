@@ -16,7 +16,7 @@ in the last column, which lets us compute logits only for the last ``max_respons
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -38,11 +38,16 @@ class ChatFormat:
         tokenizer: HF tokenizer (or ``reprlab.models.hf.ByteTokenizer``) with a chat template.
         system_prompt: None keeps the template's default; a string is sent as the system message.
         max_prompt_tokens: user prompts are truncated to this many tokens of *content* [ours], to bound cost.
+
+    Each prompt (and prompt + reply) is rendered and tokenised once: the ids are kept per text, keyed on the text
+    itself, so every model, attack and stage of a run reuses them (the template, tokenizer and truncation are
+    this object's own, fixed fields). Callers get fresh lists.
     """
 
     tokenizer: object
     system_prompt: str | None = None
     max_prompt_tokens: int = 64
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _messages(self, prompt: str, response: str | None = None, truncate: bool = True) -> list[dict]:
         msgs = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
@@ -63,9 +68,17 @@ class ChatFormat:
             self._messages(prompt), add_generation_prompt=True, tokenize=False
         )
 
+    def _once(self, key: tuple, make):
+        hit = self._memo.get(key)
+        if hit is None:
+            with section("tokenise"):
+                hit = self._memo[key] = make()
+        return hit
+
     def prompt_ids(self, prompt: str) -> list[int]:
-        with section("tokenise"):
-            return _encode(self.tokenizer, self.render_prompt(prompt))
+        return list(
+            self._once(("prompt", prompt), lambda: _encode(self.tokenizer, self.render_prompt(prompt)))
+        )
 
     def response_ids(
         self, prompt: str, response: str, end_turn: bool = True, max_tokens: int | None = None
@@ -77,27 +90,35 @@ class ChatFormat:
                 truncated generations, which must not be taught to stop mid-sentence.
             max_tokens: truncate the reply content to this many tokens (before the end-of-turn marker).
         """
-        with section("tokenise"):
-            head = self.render_prompt(prompt)
-            full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
-            tail = full[len(head) :] if full.startswith(head) else response
-            # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
-            cut = tail.find(response) + len(response) if response and response in tail else len(tail)
-            content, marker = _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
+        content, marker = self._once(
+            ("response", prompt, response), lambda: self._reply_parts(prompt, response)
+        )
         if max_tokens is not None:
             content = content[:max_tokens]
-        return content + (marker if end_turn else [])
+        return list(content) + (list(marker) if end_turn else [])
+
+    def _reply_parts(self, prompt: str, response: str) -> tuple[list[int], list[int]]:
+        """``(content ids, end-of-turn marker ids)`` of the whole reply."""
+        head = self.render_prompt(prompt)
+        full = self.tokenizer.apply_chat_template(self._messages(prompt, response), tokenize=False)
+        tail = full[len(head) :] if full.startswith(head) else response
+        # the reply content is the rendered tail's prefix; what follows it is the end-of-turn marker
+        cut = tail.find(response) + len(response) if response and response in tail else len(tail)
+        return _encode(self.tokenizer, tail[:cut]), _encode(self.tokenizer, tail[cut:])
 
     def suffix_split(self, prompt: str) -> tuple[list[int], list[int]]:
         """``(pre, post)`` ids around an adversarial suffix slot at the end of the user content."""
-        with section("tokenise"):
-            text = self.tokenizer.apply_chat_template(
-                self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False),
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-            pre, post = text.split(SUFFIX_SENTINEL)
-            return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
+        pre, post = self._once(("suffix", prompt), lambda: self._suffix_parts(prompt))
+        return list(pre), list(post)
+
+    def _suffix_parts(self, prompt: str) -> tuple[list[int], list[int]]:
+        text = self.tokenizer.apply_chat_template(
+            self._messages(self._truncate(prompt) + SUFFIX_SENTINEL, truncate=False),
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        pre, post = text.split(SUFFIX_SENTINEL)
+        return _encode(self.tokenizer, pre), _encode(self.tokenizer, post)
 
 
 @dataclass
