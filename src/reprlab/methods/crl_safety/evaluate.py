@@ -6,15 +6,16 @@ degenerate shares are reported beside it (judges count degeneration as safe, so 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import ChatFormat, forward, generate
 from reprlab.methods.crl_safety.embedding_attack import embedding_attack
 from reprlab.methods.crl_safety.gcg import gcg_attack
 from reprlab.methods.crl_safety.judge import shares
-from reprlab.methods.crl_safety.metrics import benign_kl, mechanism
+from reprlab.methods.crl_safety.metrics import benign_kl, mechanism, response_pass, response_states
 from reprlab.train.timing import section
 
 
@@ -93,8 +94,16 @@ def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
 
 
 def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: AttackCfg, judge, mech_layers: list[int],
-             frozen_ctx=None, frozen_model=None, allowed=None, seed: int = 0, log=None) -> dict:  # fmt: skip
-    """All attacks and metrics for one model; returns a JSON-able dict (generations included)."""
+             frozen_ctx=None, frozen_model=None, allowed=None, seed: int = 0, log=None, own_store=None,
+             frozen_store=None) -> dict:  # fmt: skip
+    """All attacks and metrics for one model; returns a JSON-able dict (generations included).
+
+    Args:
+        own_store: the :class:`~reprlab.methods.crl_safety.frozen.FrozenStore` whose frozen model ``model`` is (the
+            base), so its benign logits are read there.
+        frozen_store: the store of the frozen reference (under ``frozen_ctx`` or ``frozen_model``), so the
+            mechanism's frozen states are read there (computed once for every defence on one stage 0).
+    """
     say = log or (lambda *a: None)
     pad = tok.pad_token_id
     model.eval()
@@ -176,17 +185,47 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
         res["gcg"] = {"best_loss": g.best_loss, "suffixes": g.suffixes, "generations": g.generations,
                       "n_filtered": g.n_filtered,
                       **_judged(judge, gp, g.generations)}  # fmt: skip
-    with section("benign KL"):
-        res["benign_kl"] = (
-            0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
-        )
-    if frozen_ctx is not None or frozen_model is not None:
-        say(f"[{name}] mechanism")
-        with section("mechanism"):
-            res["mechanism"] = mechanism(
-                model, data.harmful_pairs, data.harmless_pairs, pad, mech_layers, frozen_ctx, frozen_model
-            )
+    with section("benign KL and mechanism"):
+        _kl_and_mechanism(res, name, model, data, pad, mech_layers, frozen_ctx, frozen_model, own_store,
+                          frozen_store, say)  # fmt: skip
     return res
+
+
+def _kl_and_mechanism(res, name, model, data: EvalData, pad, layers, frozen_ctx, frozen_model, own_store,
+                      frozen_store, say) -> None:  # fmt: skip
+    """Benign KL and the mechanism metric; the model's benign pass serves both, frozen passes come from the store."""
+    dev = next(model.parameters()).device
+
+    def run(m):
+        return lambda b, k: forward(m, b.attention_mask, input_ids=b.input_ids, logits_last=k)
+
+    kl, mech = data.base_rows is not None, frozen_ctx is not None or frozen_model is not None
+    rows = trained = None
+    if (
+        kl and own_store is not None
+    ):  # the model is the store's frozen model (the base): its rows are kept there
+        rows = [
+            x.float().cpu()
+            for x in own_store.get(data.harmless_pairs, run(model), pad, dev, logits=True).logits
+        ]
+    if mech:
+        say(f"[{name}] mechanism")
+        harm = response_states(model, data.harmful_pairs, pad, layers)
+        b_tok, b_mean, b_rows = response_pass(
+            model, data.harmless_pairs, pad, layers, logits=kl and rows is None
+        )
+        trained, rows = (harm, (b_tok, b_mean)), b_rows if rows is None else rows
+    res["benign_kl"] = benign_kl(model, data.harmless_pairs, data.base_rows, pad, rows=rows) if kl else 0.0
+    if mech:
+        frozen = None
+        if frozen_store is not None:
+            ref = frozen_model if frozen_model is not None else model
+            with frozen_ctx if frozen_ctx is not None else nullcontext():
+                frozen = [torch.cat([x.float().cpu() for x in frozen_store.get(p, run(ref), pad, dev).select(layers)], 1)
+                          for p in (data.harmful_pairs, data.harmless_pairs)]  # fmt: skip
+        res["mechanism"] = mechanism(model, data.harmful_pairs, data.harmless_pairs, pad, layers,
+                                     frozen_ctx if frozen is None else None, frozen_model, trained=trained,
+                                     frozen=frozen)  # fmt: skip
 
 
 def headline(res: dict) -> dict[str, float]:

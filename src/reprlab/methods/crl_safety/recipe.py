@@ -28,13 +28,14 @@ import torch
 from reprlab.errors import ConfigError, DataError
 from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, load_mc, mc_accuracy
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import forward as chat_forward
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
 from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline
+from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.gcg import allowed_tokens
 from reprlab.methods.crl_safety.judge import check_judge_cfg, make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
-from reprlab.methods.crl_safety.metrics import response_logit_rows
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.train.dist import init_distributed
@@ -356,8 +357,13 @@ def _run(cfg: Config, run) -> dict:
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
                   [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
+    # one store per frozen model: the base (benign KL, the refusal model's mechanism) and stage 0 (the centre, every
+    # defence's frozen states and mechanism); each pass runs once however many parts read it (frozen.py)
+    base_store, stage0_store = FrozenStore("base"), FrozenStore("stage 0")
     with section("base logit rows"):
-        ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
+        rows = base_store.get(ev.harmless_pairs, lambda b, k: chat_forward(ref, b.attention_mask, input_ids=b.input_ids,
+                              logits_last=k), tok.pad_token_id, device, logits=True).logits  # fmt: skip
+        ev.base_rows = [r.float().cpu() for r in rows]
     n_layers = num_layers(ref)
     mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
     with section("allowed tokens"):
@@ -390,7 +396,7 @@ def _run(cfg: Config, run) -> dict:
             return run.stage(f"eval_{name}", stage)
 
     if "base" in cfg.models:
-        results["base"] = do_eval("base", ref)
+        results["base"] = do_eval("base", ref, own_store=base_store)
     later = [m for m in cfg.models if m != "base"]
     if any(not run.has(f"stages/eval_{m}.json") for m in later):
         from reprlab.methods.crl_safety.trainer import Trainer
@@ -409,10 +415,17 @@ def _run(cfg: Config, run) -> dict:
             ).fit()
         run.stage("train_refusal", lambda: info)
         if "refusal" in cfg.models:
-            results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
+            results["refusal"] = do_eval(
+                "refusal", peft, frozen_ctx=peft.disable_adapter(), frozen_store=base_store
+            )
         model0 = peft.merge_and_unload()
         offset = cfg.sft.optim.steps
         center = None
+        # the training pairs' stage-0 passes are shared by the centre and every defence when cached (one pass per
+        # list, with the logits CRL's KL reads kept from the first pass)
+        store = stage0_store if cfg.defense.optim.cache_frozen else None
+        if store is not None and cfg.defense.crl.kl_data == "benign":
+            store.want_logits(benign_crl)
         for kind in [m for m in cfg.models if m in ("rr", "crl", "crl_adv")]:  # in the configured order
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
@@ -431,12 +444,14 @@ def _run(cfg: Config, run) -> dict:
                 )
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
                     with peft.disable_adapter(), section("centre states"):
-                        center = state_means(peft, compliant, benign_crl, pad)
+                        center = state_means(peft, compliant, benign_crl, pad, store=store)
                 with section(f"train {kind}"):
                     info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
-                                   center=center, retain=benign).fit()  # fmt: skip
+                                   center=center, retain=benign, store=store).fit()  # fmt: skip
                 run.stage(f"train_{kind}", lambda info=info: info)
-                results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
+                results[kind] = do_eval(
+                    kind, peft, frozen_ctx=peft.disable_adapter(), frozen_store=stage0_store
+                )
                 model0 = peft.unload()
             offset += max(cfg.defense.optim.steps, cfg.defense.rr.steps)  # step numbers never shared
     for m in cfg.models:
