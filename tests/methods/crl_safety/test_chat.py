@@ -57,6 +57,51 @@ def test_batched_generation_equals_one_at_a_time(tiny, fmt):
     assert batched == single
 
 
+def _hf_tokens(model, tok, prompts, n):
+    """Reference: transformers' own ``generate``, one prompt at a time (no padding at all)."""
+    out = []
+    for p in prompts:
+        ids = model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)[0, len(p) :]  # fmt: skip
+        out.append(tok.decode(ids, skip_special_tokens=True))
+    return out
+
+
+def test_own_greedy_loop_equals_transformers_generate_with_an_end_token(tiny, fmt):
+    """Per-prompt prefill + one batched decode gives transformers' greedy text, one prompt at a time, including rows
+    that stop early: the end token is set to a token one row emits mid-way, so that row must stop there and the
+    others continue (greedy argmax; a random model has no near-ties at float32 noise, so tokens match exactly)."""
+    from reprlab.models.hf import ByteTokenizer
+
+    model, _ = tiny
+    prompts = [fmt.prompt_ids(t) for t in ("first prompt, rather long", "2nd", "a third one", "x y z")]
+    from reprlab.methods.crl_safety.chat import _greedy
+
+    tok = ByteTokenizer()
+    free = _greedy(model, tok, prompts, 10, "cpu")  # [4, 10] token ids
+    tok.eos_token_id = int(free[1, 3])  # the 4th new token of row 1 ends its reply
+    got = _greedy(model, tok, prompts, 10, "cpu")
+    assert (got[1, 4:] == tok.pad_token_id).all() and not torch.equal(got, free)  # the end token took effect
+    assert generate(model, tok, prompts, 10, batch_size=4) == _hf_tokens(model, tok, prompts, 10)
+
+
+def test_generation_config_with_logits_processors_goes_through_transformers(tiny, fmt, monkeypatch):
+    """A repetition penalty changes greedy decoding; our loop would ignore it, so such models use model.generate."""
+    from reprlab.methods.crl_safety import chat
+
+    model, tok = tiny
+    prompts = [fmt.prompt_ids("first prompt, rather long"), fmt.prompt_ids("2nd")]
+    model.generation_config.repetition_penalty = 5.0
+    try:
+        calls = []
+        monkeypatch.setattr(chat, "_greedy", lambda *a: calls.append(1))
+        penalised = generate(model, tok, prompts, 8)
+        assert not calls and penalised == _hf_tokens(model, tok, prompts, 8)
+    finally:
+        model.generation_config.repetition_penalty = 1.0
+
+
 def test_memoised_ids_equal_fresh_tokenisation_and_are_private_copies(tiny):
     """Each text is tokenised once per ChatFormat; the ids equal a fresh object's and callers get their own lists."""
     _, tok = tiny

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from reprlab.train.timing import section
@@ -194,23 +195,100 @@ def response_logits(out_logits: Tensor, batch: Batch) -> tuple[Tensor, Tensor, T
     return logits, batch.input_ids[:, -r:], batch.response_mask[:, -r:]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model, tokenizer, prompt_ids: Sequence[list[int]], max_new_tokens: int, batch_size: int = 16
 ) -> list[str]:
-    """Greedy, batched, left-padded generation; returns the decoded new text per prompt (one token list each)."""
-    pad = tokenizer.pad_token_id
+    """Greedy generation, batched over prompts with a KV cache; returns the decoded new text per prompt.
+
+    Each prompt of a batch is prefilled alone (no padding: prompts of 13 to 47 tokens wasted 35-42 % of a padded
+    prefill, most of generation's cost on CPU), the row caches are left-padded into one, and every new token is decoded
+    for the whole batch in one step, with mask-derived positions, as ``model.generate`` decodes. A row that emits the
+    end-of-sequence token gets padding after it; the batch stops when every row has. Models whose generation config
+    adds logits processors to greedy decoding (a repetition penalty, banned n-grams...) or whose cache layers are
+    not plain dynamic layers go through ``model.generate`` on a left-padded batch instead.
+    """
+    dev = next(model.parameters()).device
+    if not prompt_ids:
+        return []
     texts: list[str] = []
+    own = _plain_greedy(model)
     for s in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[s : s + batch_size]
-        b = collate([(p, []) for p in chunk], pad)
-        kwargs = dict(attention_mask=b.attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
-                      pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
-        dev = next(model.parameters()).device
-        kwargs = {k: v.to(dev) if isinstance(v, Tensor) else v for k, v in kwargs.items()}
-        out = model.generate(input_ids=b.input_ids.to(dev), **kwargs)[:, b.input_ids.shape[1] :]
+        out = _greedy(model, tokenizer, chunk, max_new_tokens, dev) if own else None
+        if out is None:
+            out = _hf_generate(model, tokenizer, chunk, max_new_tokens, dev)
         texts += [tokenizer.decode(o, skip_special_tokens=True) for o in out]
     return texts
+
+
+_PROCESSOR_FIELDS = {  # generation-config fields that make greedy decoding more than an argmax, and their no-op values
+    "repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0), "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,), "suppress_tokens": (None,), "begin_suppress_tokens": (None,),
+    "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "renormalize_logits": (None, False),
+}  # fmt: skip
+
+
+def _plain_greedy(model) -> bool:
+    gc = getattr(model, "generation_config", None)
+    return gc is None or all(getattr(gc, k, None) in ok for k, ok in _PROCESSOR_FIELDS.items())
+
+
+def _cache_kw(model) -> str:
+    """transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask the model (peft's
+    wrapper takes ``**kwargs``, so its base model is asked)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _greedy(model, tokenizer, chunk: Sequence[list[int]], max_new_tokens: int, dev) -> Tensor | None:
+    """``[batch, n_new]`` greedy tokens; None when the model's cache is not made of plain dynamic layers."""
+    from transformers.cache_utils import DynamicLayer
+
+    kw = _cache_kw(model)
+    caches, first = [], []
+    for p in chunk:  # prefill each prompt alone: no padding
+        out = model(input_ids=torch.tensor([p], device=dev), use_cache=True, logits_to_keep=1)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+            return None
+        caches.append(cache)
+        first.append(out.logits[:, -1].argmax(-1))
+    lengths = torch.tensor([len(p) for p in chunk], device=dev)
+    width = int(lengths.max())
+    batched = caches[0]  # its layers take the left-padded tensors of every row
+    for i, layer in enumerate(batched.layers):
+        for name in ("keys", "values"):
+            rows = [getattr(c.layers[i], name) for c in caches]  # each [1, kv_heads, len, d_head]
+            setattr(layer, name, torch.cat([F.pad(r, (0, 0, width - r.shape[2], 0)) for r in rows]))
+    mask = (torch.arange(width, device=dev) >= (width - lengths)[:, None]).long()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    nxt = torch.cat(first)
+    done = nxt == eos if eos is not None else torch.zeros_like(nxt, dtype=torch.bool)
+    new = [nxt]
+    for t in range(1, max_new_tokens):
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, mask.new_ones((len(chunk), 1))], 1)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=(lengths + t - 1)[:, None],
+                    use_cache=True, logits_to_keep=1, **{kw: batched})  # fmt: skip
+        nxt = out.logits[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+        done = done | (nxt == eos) if eos is not None else done
+        new.append(nxt)
+    return torch.stack(new, 1)
+
+
+def _hf_generate(model, tokenizer, chunk: Sequence[list[int]], max_new_tokens: int, dev) -> Tensor:
+    pad = tokenizer.pad_token_id
+    b = collate([(p, []) for p in chunk], pad)
+    out = model.generate(input_ids=b.input_ids.to(dev), attention_mask=b.attention_mask.to(dev),
+                         max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                         eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    return out[:, b.input_ids.shape[1] :]
 
 
 @torch.no_grad()
