@@ -16,13 +16,12 @@ that is about a quarter of the tokens (the trick nanoGCG also uses). Tested equa
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import ChatFormat, _cache_kw, generate
 from reprlab.methods.crl_safety.embedding_attack import _layout, target_losses
 from reprlab.train.timing import section
 
@@ -78,9 +77,8 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         )
     dev = cands.device
     pre = torch.tensor([prefix_ids], device=dev)
-    # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    cache = _cache_of(model(input_ids=pre, use_cache=True))
+    cache_kw = _cache_kw(model)  # the keyword this transformers version (and peft's wrapper) takes
+    cache = _cache_of(model(input_ids=pre, use_cache=True, logits_to_keep=1))  # only its KV cache is read
     n_pre, n_t = len(prefix_ids), len(target_ids)
     tail = torch.tensor(post_ids + target_ids, device=dev)
     tgt = torch.tensor(target_ids, device=dev)
