@@ -127,3 +127,28 @@ def test_memoised_ids_equal_fresh_tokenisation_and_are_private_copies(tiny):
     assert fmt.response_ids("p", "Sure, here it is", end_turn=False, max_tokens=3) == fresh.response_ids(
         "p", "Sure, here it is", end_turn=False, max_tokens=3
     )
+
+
+def test_generation_from_embeddings_equals_transformers_generate(tiny, fmt):
+    """The embedding attack's decoding (each row's real positions prefilled alone) gives transformers' greedy text
+    from the same left-padded embeddings, one row at a time."""
+    from reprlab.methods.crl_safety.chat import generate_embeds
+
+    model, tok = tiny
+    b = collate(
+        [(fmt.prompt_ids(t), []) for t in ("first prompt, rather long", "2nd", "third")], tok.pad_token_id
+    )
+    torch.manual_seed(1)
+    emb = model.get_input_embeddings()(b.input_ids) + 0.3 * torch.randn(
+        *b.input_ids.shape, 32
+    )  # off-vocabulary rows
+    got = generate_embeds(model, tok, emb, b.attention_mask, 8)
+    want = []
+    for r in range(3):
+        keep = b.attention_mask[r].bool()
+        with torch.no_grad():
+            ids = model.generate(inputs_embeds=emb[r : r + 1, keep], attention_mask=torch.ones(1, int(keep.sum())),
+                                 max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)[0]  # fmt: skip
+        want.append(tok.decode(ids, skip_special_tokens=True))
+    assert got == want

@@ -244,14 +244,18 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _greedy(model, tokenizer, chunk: Sequence[list[int]], max_new_tokens: int, dev) -> Tensor | None:
-    """``[batch, n_new]`` greedy tokens; None when the model's cache is not made of plain dynamic layers."""
+def _greedy(
+    model, tokenizer, chunk: Sequence, max_new_tokens: int, dev, embeds: bool = False
+) -> Tensor | None:
+    """``[batch, n_new]`` greedy tokens of each prompt of ``chunk`` (token id lists, or with ``embeds`` input
+    embeddings ``[len, d_model]``); None when the model's cache is not made of plain dynamic layers."""
     from transformers.cache_utils import DynamicLayer
 
     kw = _cache_kw(model)
     caches, first = [], []
     for p in chunk:  # prefill each prompt alone: no padding
-        out = model(input_ids=torch.tensor([p], device=dev), use_cache=True, logits_to_keep=1)
+        x = {"inputs_embeds": p[None]} if embeds else {"input_ids": torch.tensor([p], device=dev)}
+        out = model(**x, use_cache=True, logits_to_keep=1)
         cache = getattr(out, "cache", None) or out.past_key_values
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
             return None
@@ -295,7 +299,15 @@ def _hf_generate(model, tokenizer, chunk: Sequence[list[int]], max_new_tokens: i
 def generate_embeds(
     model, tokenizer, inputs_embeds: Tensor, attention_mask: Tensor, max_new_tokens: int
 ) -> list[str]:
-    """Greedy generation from left-padded input embeddings ``[batch, pos, d_model]`` (embedding attack)."""
-    out = model.generate(inputs_embeds=inputs_embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    """Greedy generation from left-padded input embeddings ``[batch, pos, d_model]`` (embedding attack); each row's
+    real positions are prefilled alone, as :func:`generate` does."""
+    dev = inputs_embeds.device
+    out = None
+    if _plain_greedy(model):
+        rows = [inputs_embeds[r][attention_mask[r].bool()] for r in range(inputs_embeds.shape[0])]
+        out = _greedy(model, tokenizer, rows, max_new_tokens, dev, embeds=True)
+    if out is None:
+        out = model.generate(inputs_embeds=inputs_embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id)  # fmt: skip
     return [tokenizer.decode(o, skip_special_tokens=True) for o in out]
