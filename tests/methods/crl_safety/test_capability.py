@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from reprlab.errors import ConfigError, DataError
-from reprlab.methods.crl_safety.capability import load_mc, mc_accuracy
+from reprlab.methods.crl_safety.capability import (
+    _pair,
+    choice_loglik,
+    load_mc,
+    mc_accuracy,
+    shared_context_loglik,
+)
 
 ITEMS = [
     {
@@ -88,11 +94,37 @@ def test_packaged_mc_set_loads_and_user_files_are_validated(tmp_path):
 def test_mc_accuracy_follows_the_planted_answers(lm):
     model, tok = lm
     _plant_answers(model, tok, ITEMS)
-    out = mc_accuracy(model, tok, ITEMS, batch_size=5)
+    out = mc_accuracy(model, tok, ITEMS)
     assert out["acc"] == 1.0 and out["n"] == 6
     assert out["chance"] == pytest.approx((4 * 0.25 + 2 / 3) / 6)
     wrong = [{**it, "answer": (it["answer"] + 1) % len(it["choices"])} for it in ITEMS]
     assert mc_accuracy(model, tok, wrong)["acc"] == 0.0
+
+
+def test_shared_context_scoring_equals_scoring_every_sequence(lm):
+    """Each context run once with its KV cache serving its choices gives each choice's log-likelihood as scoring the
+    whole (context, choice) sequences in padded batches (the slow path), on choices of 1 to several tokens."""
+    from reprlab.models.lora import add_lora
+
+    model, tok = lm
+    pairs = [
+        _pair(tok, f"Question: {it['question']}\nAnswer:", f" {c}") for it in ITEMS for c in it["choices"]
+    ]
+    assert len({len(c) for _, c in pairs}) > 1  # choices of different lengths share a context
+    ctx = pairs[0][0]
+    pairs += [(ctx[:5], [7]), (ctx[:5], [9]), (ctx[:4], [11]), (ctx[:4], [12, 13])]  # one-token choices too
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(
+                    0, 0.3
+                )  # an active adapter: the cache-keyword lookup must see through peft's wrapper
+    for m in (model, peft):
+        want = choice_loglik(m, tok, pairs, batch_size=5)
+        got = shared_context_loglik(m, tok, pairs)
+        # float32: the cached path sums attention and log-probabilities in another order
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=1e-5)
 
 
 class _NoNetwork:

@@ -85,8 +85,48 @@ def choice_loglik(model, tok, pairs: list[tuple[list[int], list[int]]], batch_si
     return out
 
 
-def mc_accuracy(model, tok, items: list[dict], batch_size: int = 16) -> dict[str, float]:
-    """``acc`` / ``acc_norm`` (per character) of ``model`` on multiple-choice ``items``, lm-evaluation-harness style."""
+@torch.inference_mode()
+def shared_context_loglik(model, tok, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+    """:func:`choice_loglik` with each distinct context run once: the context's KV cache serves all its choices.
+
+    The pairs of one question share their context ids (lm-evaluation-harness's split encodes the context alone), so
+    the context is prefilled once, unpadded, and its choices are scored together on copies of its cache, right-padded
+    (a causal model's logits at a position never see later positions). The first continuation token is predicted by
+    the context's last logits. Equal to :func:`choice_loglik` up to float32 summation order (tested), at a third of
+    its tokens on the packaged questions (2,752 padded tokens -> ~750).
+    """
+    import copy
+
+    from reprlab.methods.crl_safety.chat import _cache_kw
+
+    dev = next(model.parameters()).device
+    kw = _cache_kw(model)
+    out: list[float] = [0.0] * len(pairs)
+    groups: dict[tuple, list[int]] = {}
+    for i, (ctx, _) in enumerate(pairs):
+        groups.setdefault(tuple(ctx), []).append(i)
+    for ctx, idx in groups.items():
+        first = model(input_ids=torch.tensor([list(ctx)], device=dev), use_cache=True, logits_to_keep=1)
+        cache = getattr(first, "cache", None) or first.past_key_values
+        conts = [pairs[i][1] for i in idx]
+        width = max(len(c) for c in conts)
+        lp0 = torch.log_softmax(first.logits[0, -1].float(), -1)
+        if width > 1:  # tokens 2.. of each continuation, predicted from the continuation's own positions
+            ids = torch.tensor([c + [c[-1]] * (width - len(c)) for c in conts], device=dev)  # right padding
+            kv = copy.deepcopy(cache)
+            kv.batch_repeat_interleave(len(conts))
+            pos = torch.arange(len(ctx), len(ctx) + width - 1, device=dev).expand(len(conts), -1)
+            mask = torch.ones(len(conts), len(ctx) + width - 1, dtype=torch.long, device=dev)
+            lp = torch.log_softmax(model(input_ids=ids[:, :-1], attention_mask=mask, position_ids=pos, use_cache=True,
+                                         **{kw: kv}).logits.float(), -1)  # fmt: skip
+        for j, (i, c) in enumerate(zip(idx, conts)):
+            out[i] = float(lp0[c[0]] + sum(lp[j, t - 1, c[t]] for t in range(1, len(c)))) if c else 0.0
+    return out
+
+
+def mc_accuracy(model, tok, items: list[dict]) -> dict[str, float]:
+    """``acc`` / ``acc_norm`` (per character) of ``model`` on multiple-choice ``items``, lm-evaluation-harness style
+    (each question's context run once for its choices: :func:`shared_context_loglik`)."""
     was_training = model.training
     model.eval()
     pairs, owner = [], []
@@ -95,7 +135,7 @@ def mc_accuracy(model, tok, items: list[dict], batch_size: int = 16) -> dict[str
         for c in it["choices"]:
             pairs.append(_pair(tok, ctx, f" {c}"))
             owner.append(i)
-    ll = choice_loglik(model, tok, pairs, batch_size)
+    ll = shared_context_loglik(model, tok, pairs)
     acc = acc_norm = 0
     at = 0
     for it in items:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from reprlab.methods.crl_safety.chat import ChatFormat, collate, forward, generate_embeds, response_logits
+from reprlab.train.timing import section
 
 
 @dataclass
@@ -107,6 +108,7 @@ def embedding_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: l
         gen_batch, gen_slots = _layout(fmt, prompts, [[] for _ in prompts], n_suffix, tok.pad_token_id)
         gen_batch, gen_slots = gen_batch.to(dev), gen_slots.to(dev)
         emb = embed(gen_batch.input_ids).masked_scatter(gen_slots.unsqueeze(-1), best_suffix)
-        gens = generate_embeds(model, tok, emb, gen_batch.attention_mask, max_new_tokens)
+        with section("generate"):
+            gens = generate_embeds(model, tok, emb, gen_batch.attention_mask, max_new_tokens)
     model.train(was_training)
     return EmbeddingAttackResult(best.tolist(), curve, gens, lr, init)

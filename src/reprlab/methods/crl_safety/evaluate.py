@@ -6,15 +6,17 @@ degenerate shares are reported beside it (judges count degeneration as safe, so 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import ChatFormat, forward, generate
 from reprlab.methods.crl_safety.embedding_attack import embedding_attack
 from reprlab.methods.crl_safety.gcg import gcg_attack
 from reprlab.methods.crl_safety.judge import shares
-from reprlab.methods.crl_safety.metrics import benign_kl, mechanism
+from reprlab.methods.crl_safety.metrics import benign_kl, mechanism, response_pass, response_states
+from reprlab.train.timing import section
 
 
 def _h(text: str) -> dict:
@@ -81,7 +83,8 @@ class EvalData:
 
 
 def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
-    labels = judge(prompts, gens, harmful=harmful)
+    with section("judge"):
+        labels = judge(prompts, gens, harmful=harmful)
     out = {"labels": labels, **shares(labels)}
     if hasattr(
         judge, "last_unparsed"
@@ -91,8 +94,16 @@ def _judged(judge, prompts, gens, harmful: bool = True) -> dict:
 
 
 def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: AttackCfg, judge, mech_layers: list[int],
-             frozen_ctx=None, frozen_model=None, allowed=None, seed: int = 0, log=None) -> dict:  # fmt: skip
-    """All attacks and metrics for one model; returns a JSON-able dict (generations included)."""
+             frozen_ctx=None, frozen_model=None, allowed=None, seed: int = 0, log=None, own_store=None,
+             frozen_store=None) -> dict:  # fmt: skip
+    """All attacks and metrics for one model; returns a JSON-able dict (generations included).
+
+    Args:
+        own_store: the :class:`~reprlab.methods.crl_safety.frozen.FrozenStore` whose frozen model ``model`` is (the
+            base), so its benign logits are read there.
+        frozen_store: the store of the frozen reference (under ``frozen_ctx`` or ``frozen_model``), so the
+            mechanism's frozen states are read there (computed once for every defence on one stage 0).
+    """
     say = log or (lambda *a: None)
     pad = tok.pad_token_id
     model.eval()
@@ -105,9 +116,14 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     groups = {"direct": p_ids, "prefill": [a + b for a, b in zip(p_ids, prefixes)],
               "benign": [fmt.prompt_ids(p) for p in data.harmless], "xstest": [fmt.prompt_ids(p) for p in data.xstest]}  # fmt: skip
     say(f"[{name}] direct, prefill, benign, xstest generations")
-    flat = generate(
-        model, tok, [x for g in groups.values() for x in g], cfg.max_new_tokens, batch_size=cfg.gen_batch_size
-    )
+    with section("generate direct+prefill+benign+xstest"):
+        flat = generate(
+            model,
+            tok,
+            [x for g in groups.values() for x in g],
+            cfg.max_new_tokens,
+            batch_size=cfg.gen_batch_size,
+        )
     gens, at = {}, 0
     for k, g in groups.items():
         gens[k], at = flat[at : at + len(g)], at + len(g)
@@ -134,9 +150,19 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     configs, broken, best = [], [False] * len(prompts), [float("inf")] * len(prompts)
     for lr, init in zip(cfg.emb_lrs, cfg.emb_inits):
         say(f"[{name}] embedding attack lr={lr}")
-        r = embedding_attack(
-            model, tok, fmt, prompts, targets, cfg.emb_steps, lr, init, cfg.emb_n_suffix, cfg.max_new_tokens
-        )
+        with section("embedding attack"):
+            r = embedding_attack(
+                model,
+                tok,
+                fmt,
+                prompts,
+                targets,
+                cfg.emb_steps,
+                lr,
+                init,
+                cfg.emb_n_suffix,
+                cfg.max_new_tokens,
+            )
         j = _judged(judge, prompts, r.generations)
         configs.append({"lr": lr, "init": init, "best_loss": r.best_loss, "curve_mean": [sum(c) / len(c) for c in r.loss_curve],
                         "generations": r.generations, **j})  # fmt: skip
@@ -152,21 +178,54 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
         say(f"[{name}] gcg")
         gp = prompts[: cfg.gcg_prompts]
         k = cfg.gcg_target_tokens or cfg.target_tokens
-        g = gcg_attack(model, tok, fmt, gp, [t[:k] for t in targets[: cfg.gcg_prompts]], cfg.gcg_steps, cfg.gcg_n_suffix, cfg.gcg_top_k,
+        with section("gcg"):
+            g = gcg_attack(model, tok, fmt, gp, [t[:k] for t in targets[: cfg.gcg_prompts]], cfg.gcg_steps, cfg.gcg_n_suffix, cfg.gcg_top_k,
                        cfg.gcg_width, max_new_tokens=cfg.max_new_tokens, allowed=allowed, seed=seed,
-                       filter_retokenize=cfg.gcg_filter_retokenize)  # fmt: skip
+                           filter_retokenize=cfg.gcg_filter_retokenize)  # fmt: skip
         res["gcg"] = {"best_loss": g.best_loss, "suffixes": g.suffixes, "generations": g.generations,
                       "n_filtered": g.n_filtered,
                       **_judged(judge, gp, g.generations)}  # fmt: skip
-    res["benign_kl"] = (
-        0.0 if data.base_rows is None else benign_kl(model, data.harmless_pairs, data.base_rows, pad)
-    )
-    if frozen_ctx is not None or frozen_model is not None:
-        say(f"[{name}] mechanism")
-        res["mechanism"] = mechanism(
-            model, data.harmful_pairs, data.harmless_pairs, pad, mech_layers, frozen_ctx, frozen_model
-        )
+    with section("benign KL and mechanism"):
+        _kl_and_mechanism(res, name, model, data, pad, mech_layers, frozen_ctx, frozen_model, own_store,
+                          frozen_store, say)  # fmt: skip
     return res
+
+
+def _kl_and_mechanism(res, name, model, data: EvalData, pad, layers, frozen_ctx, frozen_model, own_store,
+                      frozen_store, say) -> None:  # fmt: skip
+    """Benign KL and the mechanism metric; the model's benign pass serves both, frozen passes come from the store."""
+    dev = next(model.parameters()).device
+
+    def run(m):
+        return lambda b, k: forward(m, b.attention_mask, input_ids=b.input_ids, logits_last=k)
+
+    kl, mech = data.base_rows is not None, frozen_ctx is not None or frozen_model is not None
+    rows = trained = None
+    if (
+        kl and own_store is not None
+    ):  # the model is the store's frozen model (the base): its rows are kept there
+        rows = [
+            x.float().cpu()
+            for x in own_store.get(data.harmless_pairs, run(model), pad, dev, logits=True).logits
+        ]
+    if mech:
+        say(f"[{name}] mechanism")
+        harm = response_states(model, data.harmful_pairs, pad, layers)
+        b_tok, b_mean, b_rows = response_pass(
+            model, data.harmless_pairs, pad, layers, logits=kl and rows is None
+        )
+        trained, rows = (harm, (b_tok, b_mean)), b_rows if rows is None else rows
+    res["benign_kl"] = benign_kl(model, data.harmless_pairs, data.base_rows, pad, rows=rows) if kl else 0.0
+    if mech:
+        frozen = None
+        if frozen_store is not None:
+            ref = frozen_model if frozen_model is not None else model
+            with frozen_ctx if frozen_ctx is not None else nullcontext():
+                frozen = [torch.cat([x.float().cpu() for x in frozen_store.get(p, run(ref), pad, dev).select(layers)], 1)
+                          for p in (data.harmful_pairs, data.harmless_pairs)]  # fmt: skip
+        res["mechanism"] = mechanism(model, data.harmful_pairs, data.harmless_pairs, pad, layers,
+                                     frozen_ctx if frozen is None else None, frozen_model, trained=trained,
+                                     frozen=frozen)  # fmt: skip
 
 
 def headline(res: dict) -> dict[str, float]:

@@ -16,14 +16,14 @@ that is about a quarter of the tokens (the trick nanoGCG also uses). Tested equa
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import ChatFormat, _cache_kw, generate
 from reprlab.methods.crl_safety.embedding_attack import _layout, target_losses
+from reprlab.train.timing import section
 
 
 @dataclass
@@ -77,11 +77,8 @@ def score_candidates(model, prefix_ids: list[int], cands: torch.Tensor, post_ids
         )
     dev = cands.device
     pre = torch.tensor([prefix_ids], device=dev)
-    # transformers >= 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns): ask this model, or the
-    # model under a peft wrapper, whose forward takes **kwargs and so names neither
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    cache = _cache_of(model(input_ids=pre, use_cache=True))
+    cache_kw = _cache_kw(model)  # the keyword this transformers version (and peft's wrapper) takes
+    cache = _cache_of(model(input_ids=pre, use_cache=True, logits_to_keep=1))  # only its KV cache is read
     n_pre, n_t = len(prefix_ids), len(target_ids)
     tail = torch.tensor(post_ids + target_ids, device=dev)
     tgt = torch.tensor(target_ids, device=dev)
@@ -138,8 +135,9 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
         onehot = (
             F.one_hot(suffix, vocab).to(embed.weight.dtype).requires_grad_(True)
         )  # [batch, n_suffix, d_vocab]
-        losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
-        (grad,) = torch.autograd.grad(losses.sum(), [onehot])
+        with section("gradient"):
+            losses = target_losses(model, embed, batch, slots, onehot @ embed.weight)
+            (grad,) = torch.autograd.grad(losses.sum(), [onehot])
         grad = grad.masked_fill(~allowed, float("inf"))
         top = (-grad).topk(top_k, dim=-1).indices  # [batch, n_suffix, top_k]
         pos = torch.randint(n_suffix, (n, search_width), generator=gen).to(dev)
@@ -154,12 +152,14 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
             pre, post = splits[r]
             cand = cands[r]
             if filter_retokenize:
-                keep = retokenizes(tok, cand)
+                with section("retokenise filter"):
+                    keep = retokenizes(tok, cand)
                 n_filtered += int((~keep).sum())
                 if not bool(keep.any()):  # nothing survives: keep this prompt's suffix for the step
                     continue
                 cand = cand[keep]
-            sc, ex = score_candidates(model, pre, cand, post, list(targets[r]), chunk)
+            with section("score candidates"):
+                sc, ex = score_candidates(model, pre, cand, post, list(targets[r]), chunk)
             i = int(sc.argmin())
             suffix[r], step_best[r], done[r] = cand[i], float(sc[i]), bool(ex[i])
             if float(sc[i]) < float(best[r]):
@@ -170,6 +170,7 @@ def gcg_attack(model, tok, fmt: ChatFormat, prompts: list[str], targets: list[li
     texts = [tok.decode(s.tolist(), skip_special_tokens=True) for s in best_suffix]
     # generate from discrete ids: pre + best suffix + post exactly as scored
     ids = [pre + s + post for (pre, post), s in zip(splits, best_suffix.tolist())]
-    gens = generate(model, tok, ids, max_new_tokens)
+    with section("generate"):
+        gens = generate(model, tok, ids, max_new_tokens)
     model.train(was_training)
     return GCGResult(best.tolist(), curve, texts, gens, best_suffix.tolist(), n_filtered)

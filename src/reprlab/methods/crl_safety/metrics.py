@@ -34,9 +34,12 @@ def response_logit_rows(model, pairs, pad_id: int, batch_size: int = 8) -> list[
     return out
 
 
-def benign_kl(model, pairs, base_rows: list[torch.Tensor], pad_id: int) -> float:
-    """Mean per-token KL(base || model) over the response tokens of ``pairs``."""
-    rows = response_logit_rows(model, pairs, pad_id)
+def benign_kl(
+    model, pairs, base_rows: list[torch.Tensor], pad_id: int, rows: list[torch.Tensor] | None = None
+) -> float:
+    """Mean per-token KL(base || model) over the response tokens of ``pairs`` (``rows``: the model's own
+    :func:`response_logit_rows`, when a combined pass already has them)."""
+    rows = response_logit_rows(model, pairs, pad_id) if rows is None else rows
     p = F.log_softmax(torch.cat(base_rows), -1)
     q = F.log_softmax(torch.cat(rows), -1)
     return float((p.exp() * (p - q)).sum(-1).mean())
@@ -45,17 +48,34 @@ def benign_kl(model, pairs, base_rows: list[torch.Tensor], pad_id: int) -> float
 @torch.no_grad()
 def response_states(model, pairs, pad_id: int, layers: list[int], batch_size: int = 8):
     """``(token states [layers, n_tok, d_model], sequence means [n_seq, layers, d_model])``."""
+    toks, means, _ = response_pass(model, pairs, pad_id, layers, batch_size)
+    return toks, means
+
+
+@torch.no_grad()
+def response_pass(model, pairs, pad_id: int, layers: list[int], batch_size: int = 8, logits: bool = False):
+    """:func:`response_states` and, with ``logits``, :func:`response_logit_rows` from one forward per batch
+    (bitwise both: the head's ``logits_to_keep`` does not touch the hidden states).
+
+    Returns:
+        ``(token states [layers, n_tok, d_model], sequence means [n_seq, layers, d_model], logit rows or None)``.
+    """
     dev = next(model.parameters()).device
-    toks, means = [], []
+    toks, means, rows = [], [], [] if logits else None
     for s in range(0, len(pairs), batch_size):
         b = collate(pairs[s : s + batch_size], pad_id).to(dev)
-        o = forward(model, b.attention_mask, input_ids=b.input_ids, logits_last=1)
+        o = forward(
+            model, b.attention_mask, input_ids=b.input_ids, logits_last=b.n_response + 1 if logits else 1
+        )
         hs = torch.stack([o.hidden_states[i] for i in layers], 1)  # [batch, layers, pos, d_model]
         m = b.response_mask
         toks.append(torch.stack([o.hidden_states[i][m] for i in layers]).float().cpu())
         w = m[:, None, :, None].float()
         means.append(((hs * w).sum(2) / w.sum(2).clamp(min=1)).float().cpu())
-    return torch.cat(toks, 1), torch.cat(means, 0)
+        if logits:
+            lg, _, mr = response_logits(o.logits, b)
+            rows += [lg[r][mr[r]].float().cpu() for r in range(mr.shape[0])]
+    return torch.cat(toks, 1), torch.cat(means, 0), rows
 
 
 def probe_auroc(x_pos: np.ndarray, x_neg: np.ndarray, seed: int = 0) -> float:
@@ -78,19 +98,25 @@ def probe_auroc(x_pos: np.ndarray, x_neg: np.ndarray, seed: int = 0) -> float:
 
 
 def mechanism(model, harmful_pairs, benign_pairs, pad_id: int, layers: list[int], frozen_ctx=None,
-              frozen_model=None) -> dict[str, list[float]]:  # fmt: skip
+              frozen_model=None, trained=None, frozen=None) -> dict[str, list[float]]:  # fmt: skip
     """Per-layer cos(trained, frozen) on harmful/benign tokens and probe AUROC (harmful vs benign).
 
     Args:
         frozen_ctx: a context manager under which ``model`` acts as its frozen reference (peft's
             ``disable_adapter``), or ``frozen_model``: a separate reference model.
+        trained: the model's own :func:`response_states` of ``(harmful_pairs, benign_pairs)`` when already run.
+        frozen: the frozen reference's token states ``(harmful [layers, n_tok, d_model], benign)`` when already
+            run (e.g. read from a :class:`~reprlab.methods.crl_safety.frozen.FrozenStore`); then no frozen pass runs.
     """
-    h_tok, h_mean = response_states(model, harmful_pairs, pad_id, layers)
-    b_tok, b_mean = response_states(model, benign_pairs, pad_id, layers)
-    ref = frozen_model if frozen_model is not None else model
-    with frozen_ctx if frozen_ctx is not None else nullcontext():
-        fh, _ = response_states(ref, harmful_pairs, pad_id, layers)
-        fb, _ = response_states(ref, benign_pairs, pad_id, layers)
+    (h_tok, h_mean), (b_tok, b_mean) = trained or [response_states(model, p, pad_id, layers)
+                                                   for p in (harmful_pairs, benign_pairs)]  # fmt: skip
+    if frozen is not None:
+        fh, fb = frozen
+    else:
+        ref = frozen_model if frozen_model is not None else model
+        with frozen_ctx if frozen_ctx is not None else nullcontext():
+            fh, _ = response_states(ref, harmful_pairs, pad_id, layers)
+            fb, _ = response_states(ref, benign_pairs, pad_id, layers)
     cos_h = F.cosine_similarity(h_tok, fh, dim=-1).mean(-1)  # [layers]
     cos_b = F.cosine_similarity(b_tok, fb, dim=-1).mean(-1)
     # centred on the frozen states' balanced mean: raw cos is pinned near 1 by shared high-norm directions

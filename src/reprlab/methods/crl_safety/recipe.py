@@ -26,22 +26,24 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError, DataError
-from reprlab.jsonfile import read_stage
+from reprlab.jsonfile import loads_strict, read_stage
 from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, load_mc, mc_accuracy
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
+from reprlab.methods.crl_safety.chat import forward as chat_forward
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
 from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline
+from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.gcg import allowed_tokens
 from reprlab.methods.crl_safety.judge import check_judge_cfg, make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
-from reprlab.methods.crl_safety.metrics import response_logit_rows
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.report.figures import pyplot
 from reprlab.report.headline import Headline
 from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
+from reprlab.train.timing import section, timing
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
 HEADLINE_KEYS = (
@@ -272,6 +274,15 @@ def _splits(cfg: Config):
 
 
 def run(cfg: Config, run) -> dict:
+    """The whole pipeline; ``timings.json`` in the run folder says where this process's time went."""
+    with timing() as t:
+        try:
+            return _run(cfg, run)
+        finally:
+            run.save_json("timings.json", {"sections": t.rows()})
+
+
+def _run(cfg: Config, run) -> dict:
     preflight(cfg)  # again: library callers of run() skip the runner's hook
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -282,7 +293,8 @@ def run(cfg: Config, run) -> dict:
     seed_everything(cfg.seed)
     t_start = time.time()
     log = run.logger.info
-    ref, tok = load_model(cfg, device)
+    with section("load model"):
+        ref, tok = load_model(cfg, device)
     for p in ref.parameters():
         p.requires_grad_(False)
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
@@ -311,7 +323,8 @@ def run(cfg: Config, run) -> dict:
         }
         return out
 
-    g = run.stage("generate", gen_stage)
+    with section("generate base replies"):
+        g = run.stage("generate", gen_stage)
 
     def pair(p, r, end):
         return fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens)
@@ -321,9 +334,10 @@ def run(cfg: Config, run) -> dict:
         f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
     )
     source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
-    labels = judge(sp.harmful_train, g["harmful_train"])
+    with section("judge base replies"):
+        labels = judge(sp.harmful_train, g["harmful_train"])
+        ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
     check_compliant(labels, "harmful training", d.min_compliant, source)
-    ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
     check_compliant(ev_labels, "held-out harmful", d.min_compliant, source)
     # prefill prefixes, attack targets and mechanism pairs never come from a refusal: a held-out prompt without a
     # compliant completion gets the generic affirmative target instead [ours: HarmBench's per-behaviour target
@@ -346,12 +360,19 @@ def run(cfg: Config, run) -> dict:
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
                   [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
-    ev.base_rows = response_logit_rows(ref, ev.harmless_pairs, tok.pad_token_id)
+    # one store per frozen model: the base (benign KL, the refusal model's mechanism) and stage 0 (the centre, every
+    # defence's frozen states and mechanism); each pass runs once however many parts read it (frozen.py)
+    base_store, stage0_store = FrozenStore("base"), FrozenStore("stage 0")
+    with section("base logit rows"):
+        rows = base_store.get(ev.harmless_pairs, lambda b, k: chat_forward(ref, b.attention_mask, input_ids=b.input_ids,
+                              logits_last=k), tok.pad_token_id, device, logits=True).logits  # fmt: skip
+        ev.base_rows = [r.float().cpu() for r in rows]
     n_layers = num_layers(ref)
     mech_layers = parse_layers(cfg.mechanism_layers, n_layers)
-    allowed = (
-        allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
-    )
+    with section("allowed tokens"):
+        allowed = (
+            allowed_tokens(tok, ref.get_input_embeddings().weight.shape[0]) if cfg.attack.gcg_steps else None
+        )
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
 
@@ -364,7 +385,8 @@ def run(cfg: Config, run) -> dict:
                            log=log, **kw)  # fmt: skip
             if mc_items:
                 log(f"[{name}] multiple-choice capability check ({len(mc_items)} items)")
-                res["capability_mc"] = mc_accuracy(model, tok, mc_items)
+                with section("capability MC"):
+                    res["capability_mc"] = mc_accuracy(model, tok, mc_items)
             if cap.lm_eval_tasks:
                 log(f"[{name}] lm-evaluation-harness: {', '.join(cap.lm_eval_tasks)}")
                 res["lm_eval"] = lm_eval_tasks(model, tok, cap.lm_eval_tasks, cap.lm_eval_include_path,
@@ -373,10 +395,11 @@ def run(cfg: Config, run) -> dict:
                                                batch_size=cap.lm_eval_batch_size)  # fmt: skip
             return res
 
-        return run.stage(f"eval_{name}", stage)
+        with section(f"eval {name}"):
+            return run.stage(f"eval_{name}", stage)
 
     if "base" in cfg.models:
-        results["base"] = do_eval("base", ref)
+        results["base"] = do_eval("base", ref, own_store=base_store)
     later = [m for m in cfg.models if m != "base"]
     if any(not run.has(f"stages/eval_{m}.json") for m in later):
         from reprlab.methods.crl_safety.adapters import lora_part, save_stage_adapter
@@ -390,15 +413,25 @@ def run(cfg: Config, run) -> dict:
         blocks = None if lc.blocks == "auto" else lora_blocks(lc.blocks, "sft", cfg.sft, n_layers)
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
-        info = Trainer("sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed).fit()
+        with section("train sft"):
+            info = Trainer(
+                "sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed
+            ).fit()
         sft_part = lora_part(peft, "refusal")  # every stage's adapter folder stacks it (adapters.py)
         save_stage_adapter(run, "refusal", [sft_part], cfg.model)
         run.stage("train_refusal", lambda: info)
         if "refusal" in cfg.models:
-            results["refusal"] = do_eval("refusal", peft, frozen_ctx=peft.disable_adapter())
+            results["refusal"] = do_eval(
+                "refusal", peft, frozen_ctx=peft.disable_adapter(), frozen_store=base_store
+            )
         model0 = peft.merge_and_unload()
         offset = cfg.sft.optim.steps
         center = None
+        # the training pairs' stage-0 passes are shared by the centre and every defence when cached (one pass per
+        # list, with the logits CRL's KL reads kept from the first pass)
+        store = stage0_store if cfg.defense.optim.cache_frozen else None
+        if store is not None and cfg.defense.crl.kl_data == "benign":
+            store.want_logits(benign_crl)
         for kind in [m for m in cfg.models if m in ("rr", "crl", "crl_adv")]:  # in the configured order
             if not run.has(f"stages/eval_{kind}.json"):
                 lc = cfg.defense.lora
@@ -416,13 +449,16 @@ def run(cfg: Config, run) -> dict:
                     else benign_crl
                 )
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
-                    with peft.disable_adapter():
-                        center = state_means(peft, compliant, benign_crl, pad)
-                info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
-                               center=center, retain=benign).fit()  # fmt: skip
+                    with peft.disable_adapter(), section("centre states"):
+                        center = state_means(peft, compliant, benign_crl, pad, store=store)
+                with section(f"train {kind}"):
+                    info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
+                                   center=center, retain=benign, store=store).fit()  # fmt: skip
                 save_stage_adapter(run, kind, [sft_part, lora_part(peft, kind)], cfg.model)
                 run.stage(f"train_{kind}", lambda info=info: info)
-                results[kind] = do_eval(kind, peft, frozen_ctx=peft.disable_adapter())
+                results[kind] = do_eval(
+                    kind, peft, frozen_ctx=peft.disable_adapter(), frozen_store=stage0_store
+                )
                 model0 = peft.unload()
             offset += max(cfg.defense.optim.steps, cfg.defense.rr.steps)  # step numbers never shared
     for m in cfg.models:
@@ -571,4 +607,12 @@ def report_sections(run_dir: Path) -> list[Section]:
             samples.append({"model": m, "prefix": e["prefill"]["prefixes"][i], "continuation": e["prefill"]["generations"][i][:160],
                             "label": e["prefill"]["labels"][i]})  # fmt: skip
     out.append(Section("Prefilling samples", table=samples, collapsed=True))
+    t = run_dir / "timings.json"
+    if t.exists():
+        rows = [r for r in loads_strict(t.read_text(encoding="utf-8"))["sections"] if r["depth"] <= 1]
+        out.append(Section("Where the time went", "Wall and CPU seconds of this process per part (CPU = every thread; "
+                           "a resumed run counts only what it ran); second-level parts are indented under their "
+                           "parent.", table=[{"part": "  " * r["depth"] + r["path"].split("/")[-1], "wall_s": r["wall_s"],
+                                              "cpu_s": r["cpu_s"], "calls": r["calls"], "cpu_share": r["cpu_share"]}
+                                             for r in rows]))  # fmt: skip
     return out

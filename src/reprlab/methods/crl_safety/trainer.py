@@ -29,11 +29,13 @@ from torch.distributed.fsdp import FSDPModule
 from reprlab.methods.crl_safety import losses as L
 from reprlab.methods.crl_safety.chat import Batch, collate, forward, response_logits
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
+from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, average_gradients, shard
+from reprlab.train.timing import section
 
 KINDS = ("sft", "rr", "crl", "crl_adv")
 Pair = tuple[list[int], list[int]]
@@ -67,16 +69,31 @@ def lora_blocks(spec: str, kind: str, cfg, n_layers: int) -> list[int] | None:
     return list(range(max(top, 1)))
 
 
-def state_means(model, harmful: list[Pair], benign: list[Pair], pad_id: int, chunk: int = 8) -> Tensor:
+def state_means(model, harmful: list[Pair], benign: list[Pair], pad_id: int, chunk: int = 8,
+                store: FrozenStore | None = None) -> Tensor:  # fmt: skip
     """Centre for cosine distances: per hidden layer, the mean of the harmful and the benign class means of
     response-token states ``[n_layers + 1, d_model]`` (balanced, so class sizes do not tilt it).
 
     Why: SmolLM2's residual stream carries a few high-norm directions shared by every token (about 80 % of
     the norm in the middle layers), so raw cos(h', h) stays near 1 however the adapters move the states.
+
+    Args:
+        model: the frozen model, already in its frozen state (e.g. under ``disable_adapter``).
+        store: read (and fill) this store of the same frozen model instead of running private passes; the same
+            chunks, so the same centre bit for bit.
     """
     layers = list(range(num_layers(model) + 1))
-    h, _ = response_states(model, harmful, pad_id, layers, chunk)
-    b, _ = response_states(model, benign, pad_id, layers, chunk)
+    if store is None:
+        h, _ = response_states(model, harmful, pad_id, layers, chunk)
+        b, _ = response_states(model, benign, pad_id, layers, chunk)
+    else:
+        dev = next(model.parameters()).device
+
+        def run(batch, k):
+            return forward(model, batch.attention_mask, input_ids=batch.input_ids, logits_last=k)
+
+        h, b = (torch.cat([x.float().cpu() for x in store.get(pairs, run, pad_id, dev).select(layers)], dim=1)
+                for pairs in (harmful, benign))  # fmt: skip
     return (h.mean(1) + b.mean(1)) / 2
 
 
@@ -99,11 +116,13 @@ class Trainer:
             computed here when ``cfg.center_states`` and not given.
         retain: the retain set of CRL's KL when ``crl.kl_data='retain'`` (the code's UltraChat; here harmless
             prompt -> base reply pairs), sampled with its own RNG.
+        store: with ``optim.cache_frozen``, the :class:`FrozenStore` of this model's frozen reference (shared by
+            every trainer on the same stage 0 and the centre); a private one when None.
     """
 
     def __init__(self, kind: str, model, cfg: DefenseCfg | SftCfg, harmful: list[Pair], benign: list[Pair],
                  pad_id: int, run=None, step_offset: int = 0, seed: int = 0, center: Tensor | None = None,
-                 retain: list[Pair] | None = None):  # fmt: skip
+                 retain: list[Pair] | None = None, store: FrozenStore | None = None):  # fmt: skip
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if not harmful or not benign:
@@ -152,11 +171,12 @@ class Trainer:
             # the attack draws its own batches and coin flips, so CRL and CRL+mining see the same training batches
             self.adv_rng = random.Random(seed + 1)
         self._frozen: dict[str, FrozenRows] = {}
+        self.store = (store or FrozenStore(f"{kind} reference")) if cfg.optim.cache_frozen else None
         self.center = None
         if kind != "sft" and cfg.center_states:
             if center is None:
                 with model.disable_adapter():
-                    center = state_means(model, harmful, benign, pad_id)
+                    center = state_means(model, harmful, benign, pad_id, store=self.store)
             self.center = center.to(self.device)
 
     def _c(self, x: Tensor, layers: list[int]) -> Tensor:
@@ -171,18 +191,23 @@ class Trainer:
         n = min(self.cfg.optim.batch_size, len(pairs))
         return (rng or self.rng).sample(range(len(pairs)), n)
 
-    def _token_mask(self, batch: Batch, which: str = "harmful") -> Tensor:
-        """Tokens whose states a term reads: response tokens, CRL's 'last', or RR's request + response ('all')."""
+    def _token_spec(self, which: str = "harmful") -> str:
+        """Tokens whose states a term reads: 'response', CRL's 'last', or RR's request + response ('all')."""
         if self.kind in ("crl", "crl_adv") and self.cfg.crl.tokens == "last":
-            return L.last_token_mask(batch.response_mask)
+            return "last"
         if self.kind == "rr":
             rr = self.cfg.rr
             spec = rr.reroute_tokens if which == "harmful" else rr.retain_tokens
             if spec not in ("all", "response"):
                 raise ValueError(f"rr token spec must be 'all' or 'response', got {spec!r}")
-            if spec == "all":
-                return batch.attention_mask.bool()
-        return batch.response_mask
+            return spec
+        return "response"
+
+    def _token_mask(self, batch: Batch, which: str = "harmful") -> Tensor:
+        spec = self._token_spec(which)
+        if spec == "last":
+            return L.last_token_mask(batch.response_mask)
+        return batch.attention_mask.bool() if spec == "all" else batch.response_mask
 
     # ------------------------------------------------------------------ ranks
     def _local(self, batch: Batch) -> Batch:
@@ -222,19 +247,16 @@ class Trainer:
         return n
 
     @torch.no_grad()
-    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool, which: str = "harmful",
-                     local: bool = True) -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
-        """Frozen (adapters disabled) states per row of ``batch`` and response logits per row this rank owns.
-
-        With ``local`` (and several ranks) each rank runs its rows and the states are gathered; without, every
-        rank runs the whole batch (the frozen cache, built identically everywhere).
-        """
-        run = self._local(batch) if local else batch
+    def _frozen_pass(self, batch: Batch, layers: list[int], logits: bool,
+                     which: str = "harmful") -> tuple[list[Tensor], list[Tensor] | None]:  # fmt: skip
+        """Frozen (adapters disabled) states per row of ``batch`` and response logits per row this rank owns
+        (``cache_frozen=false``: every step; each rank runs its rows and the states are gathered)."""
+        run = self._local(batch)
         with self.model.disable_adapter():
             out = forward(self.model, run.attention_mask, input_ids=run.input_ids, hidden=bool(layers),
                           logits_last=batch.n_response + 1 if logits else 1)  # fmt: skip
         mask = self._token_mask(batch, which)
-        hidden = self._hidden(out, layers, grad=False) if (local and layers) else out.hidden_states
+        hidden = self._hidden(out, layers, grad=False) if layers else out.hidden_states
         states = [torch.stack([hidden[i][r][mask[r]] for i in layers]) if layers else torch.empty(0)
                   for r in range(mask.shape[0])]  # fmt: skip
         rows = None
@@ -250,19 +272,23 @@ class Trainer:
         if not self.cfg.optim.cache_frozen:
             states, rows = self._frozen_pass(batch, layers, logits, which)
             return torch.cat(states, dim=1) if layers else None, torch.cat(rows) if logits else None
-        if which not in self._frozen:
-            cache = FrozenRows([], [] if logits else None)
-            for s in range(0, len(pairs), 8):
-                chunk = list(range(s, min(s + 8, len(pairs))))
-                st, rw = self._frozen_pass(self._batch(pairs, chunk), layers, logits, which, local=False)
-                cache.states += st
-                if logits:
-                    cache.logits += rw
-            self._frozen[which] = cache
+        if which not in self._frozen:  # every layer and token of each pair once per stage 0 (frozen.py)
+            entry = self.store.get(pairs, self._frozen_forward, self.pad_id, self.device, logits=logits)
+            states = (
+                entry.select(layers, self._token_spec(which)) if layers else [torch.empty(0)] * len(pairs)
+            )
+            self._frozen[which] = FrozenRows(states, list(entry.logits) if logits else None)
         c = self._frozen[which]
         states = torch.cat([c.states[i] for i in idx], dim=1) if layers else None
         mine = idx[shard(len(idx), self.rank, self.world)] if self.world > 1 else idx
         return states, torch.cat([c.logits[i] for i in mine]) if logits else None
+
+    def _frozen_forward(self, batch: Batch, logits_last: int):
+        """The frozen reference on a whole batch (every rank runs it, so every rank holds the same store)."""
+        with self.model.disable_adapter():
+            return forward(
+                self.model, batch.attention_mask, input_ids=batch.input_ids, logits_last=logits_last
+            )
 
     # ------------------------------------------------------------------ losses
     def loss(self, step: int) -> tuple[Tensor, dict[str, float]]:
@@ -323,7 +349,7 @@ class Trainer:
         m, a = self.cfg.mining, self.attacker
         batches = iter(lambda: self._batch(self.harmful, self._sample(self.harmful, self.adv_rng)), None)
         # fork torch's RNG: the attack's dropout draws must not shift the defence's own dropout masks
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), section("mining"):
             if a.module is None or step % m.refresh_every == 0:
                 a.refresh(self._gen)
                 a.train(self.model, batches, m.iterations, m.stop_loss, m.window)
@@ -449,18 +475,22 @@ class Trainer:
         for step in range(start, self.steps):
             t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
-            loss, info = self.loss(step)
-            loss.backward()
+            with section("loss"):
+                loss, info = self.loss(step)
+            with section("backward"):
+                loss.backward()
             if self.world > 1 and not sharded:  # plain replicas: average like FSDP does
                 average_gradients(self.model)
-            self.opt.step()
+            with section("optimizer"):
+                self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
             if self.run is not None and (step % o.log_every == 0 or step == self.steps - 1):
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
             if saves and (done % o.checkpoint_every == 0 or done == self.steps):
-                modules, optims, extra = self._ckpt_parts()
-                self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
+                with section("checkpoint"):
+                    modules, optims, extra = self._ckpt_parts()
+                    self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
         self.model.eval()
         if ckpt:
             self.checkpointing(False)
