@@ -92,6 +92,16 @@ def _no_dropout(model: nn.Module) -> None:
             m.attention_dropout = 0.0
 
 
+def _drop_gguf_marker(hf: nn.Module) -> None:
+    """A GGUF checkpoint is dequantised to plain float tensors on load, but the model keeps a GGUF
+    "quantizer" that makes ``save_pretrained`` refuse it; drop the marker so the trained weights can be saved
+    (and loaded again without the GGUF file)."""
+    if type(getattr(hf, "hf_quantizer", None)).__name__ == "GgufHfQuantizer":
+        hf.hf_quantizer = None
+        if getattr(hf.config, "quantization_config", None) is not None:
+            del hf.config.quantization_config
+
+
 def _load_tokenizer(path: str, kwargs: dict, required: bool, hf_id: str):
     from transformers import AutoTokenizer
 
@@ -159,40 +169,53 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
     mode = ("task" if from_config else "tokenizer") if tokens == "auto" else tokens
     path, kwargs = _resolve(hf_id)
     tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
-    config = AutoConfig.from_pretrained(path, **kwargs)
-    if from_config and mode == "task":
-        config.vocab_size = len(vocab)
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(config, key, None) is not None:
-                setattr(config, key, vocab.eos if key != "pad_token_id" else vocab.pad)
+
+    def load() -> nn.Module:  # the pretrained model (its config comes with it: a GGUF is parsed once)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
+
+    if from_config:
+        config = AutoConfig.from_pretrained(path, **kwargs)
+        if mode == "task":
+            config.vocab_size = len(vocab)
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                if getattr(config, key, None) is not None:
+                    setattr(config, key, vocab.eos if key != "pad_token_id" else vocab.pad)
+        torch.manual_seed(seed)
+        first = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        torch.manual_seed(seed)
+        first = load()
+        config = first.config
     n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if n_pos is not None and n_pos < n_ctx:
         raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
-    config.use_cache = False
-    ids, new = token_map(vocab, tokenizer, mode, int(config.vocab_size))
+    base_vocab = int(config.vocab_size)
+    ids, new = token_map(vocab, tokenizer, mode, base_vocab)
 
-    def make(pretrained: bool, init_seed: int) -> HFCausalLM:
-        torch.manual_seed(init_seed)
-        if pretrained:
-            hf = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, **kwargs)
-        else:
-            hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        if new:
-            hf.resize_token_embeddings(int(config.vocab_size) + len(new))
+    def finish(hf: nn.Module) -> HFCausalLM:
+        _drop_gguf_marker(hf)
+        if new and hf.get_input_embeddings().weight.shape[0] < base_vocab + len(new):
+            hf.resize_token_embeddings(base_vocab + len(new))
+        hf.config.use_cache = False
         _no_dropout(hf)
         return HFCausalLM(hf).to(device).eval()
 
     def fresh() -> HFCausalLM:
-        return make(not from_config, seed)
+        torch.manual_seed(seed)
+        return finish(AutoModelForCausalLM.from_config(config, dtype=torch.float32) if from_config else load())
 
-    model = fresh()
+    def untrained() -> HFCausalLM:
+        torch.manual_seed(seed + 1)
+        return finish(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+
+    model = finish(first)
     info = {
         "hf_id": hf_id, "from_config": from_config, "tokens": mode, "architecture": type(model.hf_model).__name__,
         "n_params": sum(p.numel() for p in model.parameters()),
         "n_layers": int(config.num_hidden_layers), "d_model": int(config.hidden_size),
         "n_heads": int(config.num_attention_heads), "token_ids": dict(zip(vocab.tokens, ids)), "new_tokens": new,
     }  # fmt: skip
-    return LM(model, torch.tensor(ids), fresh, lambda: make(False, seed + 1), info, tokenizer)
+    return LM(model, torch.tensor(ids), fresh, untrained, info, tokenizer)
 
 
 def save_lm(lm: LM, folder) -> dict:
@@ -202,11 +225,7 @@ def save_lm(lm: LM, folder) -> dict:
     from pathlib import Path
 
     folder = Path(folder)
-    hf = lm.model.hf_model
-    # a GGUF-dequantised model keeps a quantization_config that would make from_pretrained look for the GGUF
-    if getattr(hf.config, "quantization_config", None) is not None:
-        del hf.config.quantization_config
-    hf.save_pretrained(folder)
+    lm.model.hf_model.save_pretrained(folder)
     if lm.tokenizer is not None:
         lm.tokenizer.save_pretrained(folder)
     (folder / "task_tokens.json").write_text(json.dumps(lm.info["token_ids"], indent=1))
