@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--figure", default=None, help="PNG path for the pass-rate plot")
     ap.add_argument("--json", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
-    claims = get_recipe(args.recipe).claims
+    claims = get_recipe(args.recipe).claims()
     sizes = []
     for spec in args.size:
         label, folder = spec.split("=", 1)

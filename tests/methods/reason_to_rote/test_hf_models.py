@@ -269,3 +269,41 @@ def test_token_map_encodes_each_task_token_alone():
     assert new == ["who", "a"] and ids == [259, 260, 2, 2]  # " a" is two bytes too
     with pytest.raises(ValueError, match="task vocabulary"):
         token_map(V, None, "task", vocab_size=10)
+
+
+def test_unrelated_metric_reads_the_models_digit_ids():
+    at = torch.full((50,), 11)
+    digits = torch.arange(10) + 32  # SmolLM2's ids of 0..9
+    plain = A._unrelated_metric(at, torch.Generator().manual_seed(0))
+    mapped = A._unrelated_metric(at, torch.Generator().manual_seed(0), digits)
+    # the same random digit pairs, in the model's ids
+    assert torch.equal(mapped.target, digits[plain.target]) and torch.equal(
+        mapped.alternative, digits[plain.alternative]
+    )
+    assert (mapped.target != mapped.alternative).all()
+
+
+@pytest.mark.slow
+def test_smollm2_token_map_is_the_tokenizers_own_encoding():
+    # the packaged SmolLM2 tokenizer splits digits individually, so encoding each FDA character alone gives
+    # exactly its encoding of the whole item (prompt + answer + EOS); THR words with a leading space are mostly
+    # one token of its vocabulary, the others new tokens
+    from transformers import AutoTokenizer
+
+    from reprlab.methods.reason_to_rote.thr import THRConfig, generate_thr
+    from reprlab.models.hf import _resolve
+
+    path, kwargs = _resolve("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    ids, new = token_map(V, tok, "tokenizer", vocab_size=len(tok))
+    assert new == [] and len(set(ids[:12])) == 12
+    ds = generate_fda(FDAConfig(n_train=200, n_test=10), seed=0)
+    m = torch.tensor(ids)
+    for it in ds.splits["train"]:
+        own = tok.encode(it.prompt + it.train_answer, add_special_tokens=False) + [tok.eos_token_id]
+        assert m[tensorize([it], V).ids[0]].tolist() == own, it
+    thr = generate_thr(THRConfig(n_people=30, n_orgs=6), seed=0)
+    words = Vocab(thr.manifest["vocab"], thr.manifest["tokenizer"])
+    ids, new = token_map(words, tok, "tokenizer", vocab_size=len(tok))
+    assert len(set(ids)) == len(words) - 1  # <eos> and <pad> share the EOS id; every word has its own id
+    assert all(i >= len(tok) for i, w in zip(ids, words.tokens) if w in new)
