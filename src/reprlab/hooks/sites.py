@@ -15,6 +15,12 @@ this is ``act(gate) * up``, the tensor whose coordinates are the neurons), ``att
 attention output projection (``c_proj`` / ``o_proj``) viewed as (batch, pos, n_heads, d_head), which is the
 same tensor as our GPT's ``hook_z``. ``resid_mid`` does not exist as a tensor in HF models and raises
 ``KeyError`` naming the available sites.
+
+A module that holds a HF causal LM as ``hf_model`` (:class:`reprlab.models.hf_lm.HFCausalLM`, which gives it
+our GPT's ``ids -> logits`` call) resolves to that model's sites, so every analysis runs on it unchanged.
+Edge circuits also need, per block, the modules that *read* the residual stream (the norms before attention
+and MLP, :func:`block_norms`) and each head's slice of the attention output projection
+(:func:`head_out_weight`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from torch import nn
+from torch import Tensor, nn
 
 from reprlab.hooks.hook_point import HookPoint
 
@@ -44,8 +50,14 @@ class Site:
     heads: int | None = None
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The HF model inside a wrapper that holds one as ``hf_model``; any other model unchanged."""
+    return getattr(model, "hf_model", model)
+
+
 def _hf_parts(model: nn.Module) -> tuple[nn.ModuleList, nn.Module, nn.Module]:
     """(decoder layers, final norm, unembedding) of a HF causal LM (GPT-2 and Llama-style layouts)."""
+    model = unwrap(model)
     if hasattr(model, "transformer") and hasattr(model.transformer, "h"):  # GPT-2, GPT-J style
         return model.transformer.h, model.transformer.ln_f, model.get_output_embeddings()
     inner = getattr(model, "model", None)
@@ -92,6 +104,7 @@ def resolve(model: nn.Module, name: str) -> Site:
             raise KeyError(f"unknown hook {name!r}; valid hooks: {valid}")
         return Site(mod, "output")
     match = _HF_PATTERN.match(name)
+    model = unwrap(model)
     layers, _, _ = _hf_parts(model)
     if match is None or int(match.group(1)) >= len(layers):
         raise KeyError(
@@ -104,18 +117,59 @@ def resolve(model: nn.Module, name: str) -> Site:
         return Site(layer, "input")
     if what == "hook_resid_post":
         return Site(layer, "output")
-    attn = getattr(layer, "attn", None) or layer.self_attn
+    attn = _attn(layer)
     mlp = layer.mlp
     if what == "attn.hook_out":
         return Site(attn, "output")
     if what == "attn.hook_z":
-        out_proj = getattr(attn, "c_proj", None) or getattr(attn, "o_proj", None)
-        if out_proj is None:
-            raise KeyError(f"no attention output projection (c_proj/o_proj) in {type(attn).__name__}")
-        return Site(out_proj, "input", heads=int(model.config.num_attention_heads))
+        return Site(_out_proj(attn), "input", heads=int(model.config.num_attention_heads))
     if what == "mlp.hook_out":
         return Site(mlp, "output")
     down = getattr(mlp, "c_proj", None) or getattr(mlp, "down_proj", None)
     if down is None:
         raise KeyError(f"cannot find the MLP down-projection (c_proj/down_proj) of {type(mlp).__name__}")
     return Site(down, "input")
+
+
+def _attn(layer: nn.Module) -> nn.Module:
+    return getattr(layer, "attn", None) or layer.self_attn
+
+
+def _out_proj(attn: nn.Module) -> nn.Module:
+    out_proj = getattr(attn, "c_proj", None) or getattr(attn, "o_proj", None)
+    if out_proj is None:
+        raise KeyError(f"no attention output projection (c_proj/o_proj) in {type(attn).__name__}")
+    return out_proj
+
+
+def n_heads(model: nn.Module) -> int:
+    """Attention heads per block of a hooked GPT or a HF causal LM."""
+    if is_hooked_gpt(model):
+        return model.cfg.n_heads
+    return int(unwrap(model).config.num_attention_heads)
+
+
+def block_norms(model: nn.Module, i: int) -> tuple[nn.Module, nn.Module]:
+    """``(norm before attention, norm before the MLP)`` of block ``i``: the modules whose input is what the
+    attention layer and the MLP read from the residual stream (pre-norm blocks: GPT-2, Llama-style, ours)."""
+    if is_hooked_gpt(model):
+        block = model.blocks[i]
+        return block.ln1, block.ln2
+    layer = _hf_parts(model)[0][i]
+    for first, second in (("ln_1", "ln_2"), ("input_layernorm", "post_attention_layernorm")):
+        if hasattr(layer, first) and hasattr(layer, second):
+            return getattr(layer, first), getattr(layer, second)
+    raise TypeError(f"{type(layer).__name__}: no pre-attention/pre-MLP norms (ln_1/ln_2 or "
+                    "input_layernorm/post_attention_layernorm); a post-norm or parallel block has no edge graph")  # fmt: skip
+
+
+def head_out_weight(model: nn.Module, i: int) -> Tensor:
+    """(d_model, n_heads, d_head) attention output projection of block ``i``, split by head: head ``h``
+    writes ``z_h @ W[:, h].T`` into the residual stream (the projection's bias belongs to no head)."""
+    if is_hooked_gpt(model):
+        proj = model.blocks[i].attn.proj.weight  # nn.Linear: (out = d_model, in = n_heads * d_head)
+    else:
+        out_proj = _out_proj(_attn(_hf_parts(model)[0][i]))
+        # GPT-2's Conv1D stores (in, out); nn.Linear (Llama-style o_proj) stores (out, in)
+        proj = out_proj.weight.T if type(out_proj).__name__ == "Conv1D" else out_proj.weight
+    return proj.view(proj.shape[0], n_heads(model), -1)

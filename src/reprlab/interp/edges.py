@@ -9,12 +9,12 @@ summed over positions and averaged over items: one clean forward + backward and 
 ``ig_steps > 0`` the gradient is averaged over ``ig_steps`` points on the straight line from the clean to the
 corrupted embeddings (EAP-IG, Hanna et al. 2024, arXiv 2403.17806), which is less sensitive to saturation.
 
-Graph [ours, for :class:`reprlab.models.gpt.GPT`]:
+Graph [ours; for our GPT and, through :mod:`reprlab.hooks.sites`, GPT-2 and Llama-style HF models]:
 
 * upstream nodes u: ``embed``; each attention head ``a{i}.h{h}`` (its output ``z_h W_O_h`` in the residual
   stream; the output bias belongs to no head and is the same on both runs); each MLP ``m{i}``;
-* downstream nodes v: the attention layer ``a{j}`` as a whole (the input of its LayerNorm: we do not split
-  q/k/v inputs per head), the MLP ``m{j}``, and ``logits`` (the input of the final LayerNorm);
+* downstream nodes v: the attention layer ``a{j}`` as a whole (the input of its norm: we do not split
+  q/k/v inputs per head), the MLP ``m{j}``, and ``logits`` (the input of the final norm);
 * u -> v exists when u is computed before v reads the residual stream.
 
 Faithfulness of an edge circuit: every edge not in the circuit is *mean-ablated*: v reads its input with
@@ -30,6 +30,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from reprlab.hooks import (
+    block_norms,
+    final_norm_and_unembed,
+    head_out_weight,
+    hooks,
+    n_heads,
+    n_layers,
+)
 from reprlab.interp.attribution import FaithfulnessResult
 
 MetricFn = Callable[[Tensor, slice], Tensor]  # (logits, rows) -> per-item metric
@@ -37,8 +45,8 @@ Edge = tuple[str, str]
 
 
 def graph(model: nn.Module) -> tuple[list[str], list[str], list[Edge]]:
-    """(upstream nodes, downstream nodes, edges) of a :class:`~reprlab.models.gpt.GPT`, in forward order."""
-    n, h = model.cfg.n_layers, model.cfg.n_heads
+    """(upstream nodes, downstream nodes, edges) of our GPT or a HF causal LM, in forward order."""
+    n, h = n_layers(model), n_heads(model)
     ups, downs, edges = ["embed"], [], []
     for i in range(n):
         downs.append(f"a{i}")
@@ -53,51 +61,55 @@ def graph(model: nn.Module) -> tuple[list[str], list[str], list[Edge]]:
 
 
 def _ln(model: nn.Module, v: str) -> nn.Module:
+    """The norm whose input is what downstream node ``v`` reads from the residual stream."""
     if v == "logits":
-        return model.ln_final
-    block = model.blocks[int(v[1:])]
-    return block.ln1 if v[0] == "a" else block.ln2
+        return final_norm_and_unembed(model)[0]
+    return block_norms(model, int(v[1:]))[0 if v[0] == "a" else 1]
 
 
 class _Recorder:
-    """Forward hooks recording every upstream node's residual-stream output during one forward pass."""
+    """Hooks recording every upstream node's residual-stream output during one forward pass.
 
-    def __init__(self, model: nn.Module):
-        self.model, self.out, self.handles = model, {}, []
-        cfg = model.cfg
+    ``embed`` is the input of block 0 (``blocks.0.hook_resid_pre``); head ``k`` of block ``i`` writes
+    ``z_k W_O[:, k]^T`` (``attn.hook_z`` times :func:`~reprlab.hooks.sites.head_out_weight`); MLP ``i`` writes
+    ``mlp.hook_out``. ``embed``, if given, replaces the input of block 0 (EAP-IG's interpolated embeddings).
+    """
 
-        def on_embed(_m, _a, y):
-            self.out["embed"] = y
+    def __init__(self, model: nn.Module, embed: Tensor | None = None):
+        self.out: dict[str, Tensor] = {}
+        n = n_layers(model)
+        weights = [head_out_weight(model, i) for i in range(n)]  # (d_model, heads, d_head) each
 
-        self.handles.append(model.hook_embed.register_forward_hook(on_embed))
-        for i, block in enumerate(model.blocks):
+        def on_embed(x: Tensor, _name: str) -> Tensor | None:
+            self.out["embed"] = x
+            return embed
 
-            def on_z(_m, _a, z, i=i, block=block):  # z: (batch, pos, heads, d_head)
-                w = block.attn.proj.weight.view(
-                    cfg.d_model, cfg.n_heads, cfg.d_head
-                )  # (d_model, heads, d_head)
-                per_head = torch.einsum("bphd,mhd->bphm", z, w)
-                for k in range(cfg.n_heads):
-                    self.out[f"a{i}.h{k}"] = per_head[:, :, k]
+        def on_z(z: Tensor, name: str) -> None:  # z: (batch, pos, heads, d_head)
+            i = int(name.split(".")[1])
+            per_head = torch.einsum("bphd,mhd->bphm", z, weights[i])
+            for k in range(per_head.shape[2]):
+                self.out[f"a{i}.h{k}"] = per_head[:, :, k]
 
-            def on_mlp(_m, _a, y, i=i):
-                self.out[f"m{i}"] = y
+        def on_mlp(y: Tensor, name: str) -> None:
+            self.out[f"m{name.split('.')[1]}"] = y
 
-            self.handles.append(block.attn.hook_z.register_forward_hook(on_z))
-            self.handles.append(block.mlp.hook_out.register_forward_hook(on_mlp))
+        fns = [("blocks.0.hook_resid_pre", on_embed)]
+        for i in range(n):
+            fns += [(f"blocks.{i}.attn.hook_z", on_z), (f"blocks.{i}.mlp.hook_out", on_mlp)]
+        self._ctx = hooks(model, fns)
+        self._ctx.__enter__()
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+        self._ctx.__exit__(None, None, None)
 
 
 def _input_hooks(model: nn.Module, fn: Callable[[str, Tensor], Tensor]) -> list:
-    """Forward pre-hooks on the LayerNorm that reads each downstream node's input: ``x -> fn(v, x)``."""
+    """Forward pre-hooks on the norm that reads each downstream node's input: ``x -> fn(v, x)``."""
     handles = []
     for v in graph(model)[1]:
 
         def pre(_m, args, v=v):
-            return (fn(v, args[0]),)
+            return (fn(v, args[0]), *args[1:])
 
         handles.append(_ln(model, v).register_forward_pre_hook(pre))
     return handles
@@ -118,16 +130,11 @@ class EdgeAttribution:
 
 
 def _outputs(model: nn.Module, ids: Tensor, embed: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    rec = _Recorder(model)
-    handle = None
-    if embed is not None:
-        handle = model.hook_embed.register_forward_hook(lambda _m, _a, _y: embed)
+    rec = _Recorder(model, embed)
     try:
         logits = model(ids)
     finally:
         rec.remove()
-        if handle is not None:
-            handle.remove()
     return logits, rec.out
 
 

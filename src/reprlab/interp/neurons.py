@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from reprlab.hooks import hooks, run_with_cache
+from reprlab.models.hf_lm import argmax_from
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def _em(model, ids, start: int, length: int, fwd_hooks=()) -> Tensor:
     device = next(model.parameters()).device
     x = ids.to(device)
     with torch.no_grad(), hooks(model, list(fwd_hooks)):
-        pred = model(x).argmax(-1)
+        pred = argmax_from(model, x, start - 1)
     ok = pred[:, start - 1 : start + length - 1] == x[:, start : start + length]
     return ok.all(1).cpu()
 

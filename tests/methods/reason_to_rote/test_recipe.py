@@ -125,3 +125,48 @@ def test_fda_recipe_permuted_null(tmp_path):
     assert pn["steps"] == summary["steps"]  # as many steps as the real run
     claims = {c["claim"]: c for c in json.loads((out / "claims.json").read_text())["claims"]}
     assert claims["shared_circuit_vs_permuted"]["verdict"] in ("holds", "does not hold")  # evaluated, not n/a
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_fda_recipe_on_a_hf_model_from_its_config_resumes_and_exports(tmp_path, kind):
+    # a tiny HF architecture from a config folder (no download) through the whole recipe, every optional stage
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    from reprlab.methods.reason_to_rote.dataset import Vocab, load_dataset, tensorize
+    from reprlab.methods.reason_to_rote.evaluate import answer_matches
+    from reprlab.models.hf_lm import HFCausalLM
+
+    folder = tmp_path / kind
+    if kind == "llama":
+        LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=32).save_pretrained(folder)  # fmt: skip
+    else:
+        GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, n_inner=64,
+                   bos_token_id=0, eos_token_id=0).save_pretrained(folder)  # fmt: skip
+    opts = [f"model.hf_id={folder}", "model.from_config=true", "analysis.permuted_null=true",
+            "analysis.edge_circuits=true", "analysis.head_ablation=true", "analysis.probe_layer_every=2"]  # fmt: skip
+    out = execute("rote-fda-tiny", [*FDA_TINY, *opts], out=tmp_path / "run", quiet=True)
+    summary = json.loads((out / "summary.json").read_text())
+    for key in [
+        *SUMMARY_KEYS,
+        "circuit_iou_null_permuted",
+        "edge_circuit_iou_excess",
+        "head_ablation_corr_excess",
+    ]:
+        assert key in summary and math.isfinite(summary[key]), key
+    info = json.loads((out / "analysis" / "model.json").read_text())
+    assert info["architecture"] == {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel"}[kind]
+    probes = json.loads((out / "analysis" / "probes.json").read_text())
+    assert probes["layers"] == ["embed", "block1"]  # probe_layer_every=2: the embedding and the last block
+    # the exported model loads with transformers and gives the run's final clean test EM
+    hf = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    ds = load_dataset(out / "data")
+    test = tensorize(ds.splits["test"], Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"]))
+    with torch.no_grad():
+        em = answer_matches(HFCausalLM(hf), test.ids, test).all(1).float().mean().item()
+    assert em == summary["clean_test_em"]
+    again = execute("rote-fda-tiny", [*FDA_TINY, *opts], out=tmp_path / "run", resume=True, quiet=True)
+    summary2 = json.loads((again / "summary.json").read_text())
+    assert {k: summary2[k] for k in SUMMARY_KEYS} == {k: summary[k] for k in SUMMARY_KEYS}

@@ -106,7 +106,7 @@ def selection_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, train_items: list[Item],
                test: Batch, test_items: list[Item], noisy: Batch, noisy_items: list[Item],
-               seed: int, digit_order: str = "reversed") -> dict:  # fmt: skip
+               seed: int, digit_order: str = "reversed", layer_every: int = 1) -> dict:  # fmt: skip
     """Probes for carries c_0..c_3 and sum digits s_0..s_4 on residual streams at the answer positions.
 
     Trained on clean training items; evaluated on held-out clean test items and on noisy training items
@@ -115,9 +115,15 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
     no teacher-forced answer token reveals the target (:func:`leak_free_last_position`). Controls: shuffled
     labels, and the same probe on a random-init model at the chosen cell (``acc_random_model``); the
     headline ``selectivity`` is clean accuracy minus the random-init model's.
+
+    ``layer_every`` > 1 probes the embedding, every ``layer_every``-th block and the last block only (a
+    30-block model has 31 residual streams; the probes' cost grows with each).
     """
     names = residual_names(model)
     layers = ["embed"] + [f"block{i}" for i in range(len(names) - 1)]
+    if layer_every > 1:
+        keep = sorted({0, len(names) - 1, *range(layer_every, len(names), layer_every)})
+        names, layers = [names[i] for i in keep], [layers[i] for i in keep]
     s = int(train_clean.answer_start[0])
     positions = list(range(s - 1, s + 5))  # '=' and the first 5 answer tokens: they predict answer 0..5
     sel, rep = selection_split(len(test_items), seed)
@@ -164,7 +170,8 @@ def run_probes(model: nn.Module, random_model: nn.Module, train_clean: Batch, tr
         }  # fmt: skip
     carries = [summary[f"carry{k}"] for k in range(4)]
     return {
-        "grids": results, "best": summary, "layers": layers, "positions": positions, "digit_order": digit_order,
+        "grids": results, "best": summary, "layers": layers, "hooks": names, "positions": positions,
+        "digit_order": digit_order,
         "n_select": len(sel), "n_report": len(rep),
         "carry_acc_clean": float(np.mean([c["acc_clean"] for c in carries])),
         "carry_acc_noisy": float(np.mean([c["acc_noisy"] for c in carries])),
@@ -189,7 +196,8 @@ def run_inlp(model: nn.Module, probes: dict, train_clean: Batch, train_items: li
     Reports noisy-label memorisation, true-answer rate on noisy items and clean test EM, before and after
     the intervention and with random subspaces of the same ranks at the same cells (control).
     """
-    names = residual_names(model)
+    # the probed streams (results written before probes kept "hooks" probed every stream)
+    names = probes.get("hooks") or residual_names(model)
     layers, positions = probes["layers"], probes["positions"]
     cells, fwd, fwd_rand = [], [], []
     for k in range(4):
@@ -232,13 +240,15 @@ def _clean_metric_items(clean: Batch, corrupt: Batch, ks: Tensor, seed: int):
     return keep, at, tgt, alt
 
 
-def _unrelated_metric(at: Tensor, gen: torch.Generator) -> ItemMetric:
+def _unrelated_metric(at: Tensor, gen: torch.Generator, digits: Tensor | None = None) -> ItemMetric:
     """logit(t1) - logit(t2) for a random digit pair per item, read at ``at`` - 1 (the null metric).
 
-    Digit tokens are ids 0..9 (``FDA_VOCAB`` starts with the digits).
+    ``digits``: (10,) model ids of the digits 0..9; None = ids 0..9 (``FDA_VOCAB`` starts with the digits).
     """
     t1 = torch.randint(10, (len(at),), generator=gen)
     t2 = (t1 + torch.randint(1, 10, (len(at),), generator=gen)) % 10
+    if digits is not None:
+        t1, t2 = digits[t1], digits[t2]
     return ItemMetric(at - 1, t1, t2)
 
 
@@ -278,7 +288,8 @@ def circuit_items(train_clean: Batch, noisy: Batch, n_items: int, seed: int) -> 
 
 
 def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac: float, n_items: int,
-                 seed: int, n_null: int = 3) -> tuple[dict, dict]:  # fmt: skip
+                 seed: int, n_null: int = 3, digits: Tensor | None = None,
+                 mean_items: int = 1000) -> tuple[dict, dict]:  # fmt: skip
     """Generalisation (clean) vs memorisation (noisy) circuits by node attribution patching, with nulls.
 
     Memorisation metric: logit(ỹ_k) − logit(y*_k) at the first differing position k; corrupted input = a
@@ -292,6 +303,9 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
     ~0.01) is no evidence of shared mechanism; ``iou`` must beat ``iou_null_unrelated`` (mean IoU of the
     memorisation or generalisation circuit with an unrelated one, the larger of the two).
 
+    ``digits`` are the model ids of 0..9 (None: ids 0..9, our GPT's vocabulary); ``mean_items`` clean items
+    give the mean activations of mean ablation.
+
     Returns:
         (summary dict, memorisation attribution scores per hook as nested lists for the neuron analysis)
     """
@@ -303,12 +317,12 @@ def run_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac:
     top_k = max(1, int(top_k_frac * n_nodes))
     mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
     null_gen = torch.Generator().manual_seed(seed + 101)
-    nulls = [attribution_patching(model, it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen)).top_k(top_k)
+    nulls = [attribution_patching(model, it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen, digits)).top_k(top_k)
              for _ in range(n_null)]  # fmt: skip
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
     pairs = [iou(a, b) for i, a in enumerate(nulls) for b in nulls[i + 1 :]]
-    means = node_means(model, train_clean.ids[:1000])
+    means = node_means(model, train_clean.ids[:mean_items])
     f_mem = faithfulness(model, it.mem_ids, it.mem_metric, mem_c, means)
     f_gen = faithfulness(model, it.gen_ids, it.gen_metric, gen_c, means)
     f_mem_with_gen = faithfulness(model, it.mem_ids, it.mem_metric, gen_c, means)
@@ -382,7 +396,8 @@ def permuted_null_summary(real: dict, permuted: dict) -> dict:
 
 
 def run_edge_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_frac: float, n_items: int,
-                      seed: int, n_null: int = 3, ig_steps: int = 0) -> dict:  # fmt: skip
+                      seed: int, n_null: int = 3, ig_steps: int = 0, digits: Tensor | None = None,
+                      mean_items: int = 1000) -> dict:  # fmt: skip
     """Edge circuits (EAP, or EAP-IG with ``ig_steps``) for the same metrics, items and nulls as
     :func:`run_circuits`: IoU of the memorisation and generalisation edge sets against unrelated-metric edge
     circuits at the same positions, and mean-ablation faithfulness (:mod:`reprlab.interp.edges`)."""
@@ -397,12 +412,12 @@ def run_edge_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_
     mem_c, gen_c = mem.top_k(top_k), gen_.top_k(top_k)
     null_gen = torch.Generator().manual_seed(seed + 101)
     nulls = [
-        eap(it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen)).top_k(top_k)
+        eap(it.mem_ids, it.mem_corrupt, _unrelated_metric(it.at, null_gen, digits)).top_k(top_k)
         for _ in range(n_null)
     ]
     iou_mem_null = float(np.mean([iou(mem_c, c) for c in nulls])) if nulls else float("nan")
     iou_gen_null = float(np.mean([iou(gen_c, c) for c in nulls])) if nulls else float("nan")
-    means = upstream_means(model, train_clean.ids[:1000])
+    means = upstream_means(model, train_clean.ids[:mean_items])
     f_mem = edge_faithfulness(model, it.mem_ids, it.mem_metric, mem_c, means)
     f_gen = edge_faithfulness(model, it.gen_ids, it.gen_metric, gen_c, means)
     shared = iou(mem_c, gen_c)
@@ -417,7 +432,7 @@ def run_edge_circuits(model: nn.Module, train_clean: Batch, noisy: Batch, top_k_
 
 
 def run_head_ablation(model: nn.Module, train_clean: Batch, noisy: Batch, n_items: int, seed: int,
-                      n_null: int = 3) -> dict:  # fmt: skip
+                      n_null: int = 3, digits: Tensor | None = None, mean_items: int = 1000) -> dict:  # fmt: skip
     """Mean-ablate each attention head and compare its effect on the memorisation and generalisation metrics.
 
     Same metrics and items as :func:`run_circuits`. Statistic [ours]: Pearson correlation over heads of the
@@ -428,12 +443,13 @@ def run_head_ablation(model: nn.Module, train_clean: Batch, noisy: Batch, n_item
     from reprlab.interp.ablation import head_ablation, head_means
 
     it = circuit_items(train_clean, noisy, n_items, seed)  # the same items as run_circuits
-    means = head_means(model, train_clean.ids[:1000])
+    means = head_means(model, train_clean.ids[:mean_items])
     mem = head_ablation(model, it.mem_ids, it.mem_metric, means)
     gen_ = head_ablation(model, it.gen_ids, it.gen_metric, means)
     null_gen = torch.Generator().manual_seed(seed + 101)
     nulls = [
-        head_ablation(model, it.mem_ids, _unrelated_metric(it.at, null_gen), means) for _ in range(n_null)
+        head_ablation(model, it.mem_ids, _unrelated_metric(it.at, null_gen, digits), means)
+        for _ in range(n_null)
     ]
 
     def corr(a: Tensor, b: Tensor) -> float:

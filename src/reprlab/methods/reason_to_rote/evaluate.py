@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from reprlab.methods.reason_to_rote.dataset import Batch
+from reprlab.models.hf_lm import HFCausalLM, argmax_from
 
 
 @torch.no_grad()
@@ -29,10 +30,12 @@ def answer_matches(model: nn.Module, ids: Tensor, batch: Batch, batch_size: int 
     """
     out = []
     max_len = int(batch.answer_len.max())
+    if isinstance(model, HFCausalLM):  # a 49k-token unembedding of 1024 items takes GBs: fewer items
+        batch_size = min(batch_size, 128)
     for s in range(0, len(batch), batch_size):
         x = ids[s : s + batch_size]
-        logits = model(x)
-        pred = logits.argmax(-1)  # (b, pos)
+        # (b, pos); an HF model unembeds the answer positions only (earlier columns are unused here)
+        pred = argmax_from(model, x, int(batch.answer_start[s : s + batch_size].min()) - 1)
         start = batch.answer_start[s : s + batch_size].to(x.device)
         alen = batch.answer_len[s : s + batch_size].to(x.device)
         offs = torch.arange(max_len, device=x.device)

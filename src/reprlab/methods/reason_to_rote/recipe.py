@@ -33,11 +33,13 @@ from pathlib import Path
 import torch
 
 from reprlab.errors import ConfigError
+from reprlab.hooks import n_layers
 from reprlab.jsonfile import null_as_nan
 from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
+from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, save_lm
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
 from reprlab.models.gpt import GPT, GPTConfig
 from reprlab.report.headline import Headline
@@ -45,8 +47,8 @@ from reprlab.train.seed import seed_everything
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """GPT size [ours]; d_vocab and n_ctx are set from the task."""
+class ModelConfig(HFOptions):
+    """Our GPT's size [ours] (d_vocab and n_ctx are set from the task), or a HF causal LM (``hf_id``)."""
 
     n_layers: int = field(default=2, metadata={"help": "transformer blocks", "ge": 1})
     d_model: int = field(default=64, metadata={"help": "residual stream width", "ge": 1})
@@ -85,6 +87,14 @@ class AnalysisConfig:
     )
     edge_ig_steps: int = field(
         default=0, metadata={"help": "integrated-gradient steps for EAP-IG (0 = plain EAP)"}
+    )
+    probe_layer_every: int = field(
+        default=1,
+        metadata={"help": "probe the embedding, every k-th block and the last (1 = every block; deep HF "
+                          "models: each residual stream costs 2 x 9 probe fits per position)", "ge": 1},
+    )  # fmt: skip
+    mean_items: int = field(
+        default=1000, metadata={"help": "clean items whose mean activations mean-ablation uses", "ge": 1}
     )
 
 
@@ -138,7 +148,12 @@ def _metrics_rows(run) -> list[dict]:
 
 
 def preflight(cfg: Config) -> None:
-    """Fail before the run folder exists when the config cannot give noisy items to analyse."""
+    """Fail before the run folder exists when the config cannot give noisy items to analyse, or names a HF
+    model that is not available offline."""
+    if cfg.model.hf_id:
+        from reprlab.models.hf import check_model_available
+
+        check_model_available(cfg.model.hf_id, "model.hf_id")
     if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:
         raise ConfigError("control=true needs task.noise_rate > 0: the noisy items are what the control is "
                           "compared on (it trains on their true labels)")  # fmt: skip
@@ -157,12 +172,22 @@ def run(cfg: Config, run) -> dict:
     clean_all = tensorize(clean_items, vocab)
     noisy = tensorize(noisy_items, vocab) if noisy_items else None
 
-    torch.manual_seed(cfg.seed)
     mc = cfg.model
-    gcfg = GPTConfig(d_vocab=len(vocab), n_ctx=train_set.ids.shape[1], n_layers=mc.n_layers, d_model=mc.d_model,
-                     n_heads=mc.n_heads, d_mlp=mc.d_mlp)  # fmt: skip
-    model = GPT(gcfg)
-    random_model = GPT(gcfg).eval()  # same init distribution, untrained: the probe control
+    lm: LM | None = None
+    if mc.hf_id:  # a HF causal LM behind our GPT's call; every batch in its token ids
+        lm = build_lm(
+            mc.hf_id, mc.from_config, mc.tokens, vocab, train_set.ids.shape[1], cfg.seed, run.device
+        )
+        train_set, test, clean_all = lm.remap(train_set), lm.remap(test), lm.remap(clean_all)
+        val, noisy = (lm.remap(b) if b is not None else None for b in (val, noisy))
+        model, random_model = lm.model, None  # the untrained control is built when the probes need it
+        run.save_json("analysis/model.json", lm.info)
+    else:
+        torch.manual_seed(cfg.seed)
+        gcfg = GPTConfig(d_vocab=len(vocab), n_ctx=train_set.ids.shape[1], n_layers=mc.n_layers, d_model=mc.d_model,
+                         n_heads=mc.n_heads, d_mlp=mc.d_mlp)  # fmt: skip
+        model = GPT(gcfg)
+        random_model = GPT(gcfg).eval()  # same init distribution, untrained: the probe control
     if cfg.control:  # true labels everywhere; track the (never seen) noisy labels of the same items
         fit_set = Batch(train_set.ids_true, train_set.ids_true, train_set.answer_start, train_set.answer_len,
                         torch.zeros_like(train_set.noisy))  # fmt: skip
@@ -170,7 +195,10 @@ def run(cfg: Config, run) -> dict:
     else:
         tr = train(model, train_set, test, cfg.train, run, cfg.seed, val=val)
     model.to(run.device).eval()
-    random_model.to(run.device)
+    if random_model is not None:
+        random_model.to(run.device)
+    if lm is not None:
+        run.stage("export", lambda: save_lm(lm, run.dir / "model"))
 
     def final_eval() -> dict:
         m = evaluate(model, test, clean_all, noisy if noisy is not None else clean_all, run.device)
@@ -212,14 +240,16 @@ def run(cfg: Config, run) -> dict:
 
     stage("logit_lens", lambda: A.run_logit_lens(model, noisy))
     stage("lens_over_training", lambda: A.run_lens_over_training(model, run.checkpoints("snapshots"), noisy))
-    probes = stage("probes", lambda: A.run_probes(model, random_model, probe_set, probe_items, test, test_items,
-                                                  noisy, noisy_items, cfg.seed, cfg.task.digit_order))  # fmt: skip
+    digits = lm.token_map[:10] if lm is not None else None  # model ids of 0..9 (FDA_VOCAB starts with them)
+    probes = stage("probes", lambda: A.run_probes(model, random_model if lm is None else lm.untrained(), probe_set, probe_items,
+                                                  test, test_items, noisy, noisy_items, cfg.seed,
+                                                  cfg.task.digit_order, an.probe_layer_every))  # fmt: skip
     inlp_res = stage("inlp", lambda: A.run_inlp(model, probes, probe_set, probe_items, test, noisy, an.inlp_iters,
                                                 cfg.seed))  # fmt: skip
 
     def circuits() -> dict:
         summary, scores = A.run_circuits(model, clean_all, noisy, an.circuit_top_frac, an.circuit_items, cfg.seed,
-                                         an.circuit_nulls)  # fmt: skip
+                                         an.circuit_nulls, digits, an.mean_items)  # fmt: skip
         return {**summary, "memorization_scores": scores}
 
     circ = stage("circuits", circuits)
@@ -229,8 +259,11 @@ def run(cfg: Config, run) -> dict:
         def permuted() -> dict:
             # [ours] same init (re-seeded), same batch order and schedule as the real model, labels permuted;
             # trained inside this stage without checkpoints: an interrupted run redoes the stage on resume
-            torch.manual_seed(cfg.seed)
-            null_model = GPT(gcfg)
+            if lm is not None:
+                null_model = lm.fresh()
+            else:
+                torch.manual_seed(cfg.seed)
+                null_model = GPT(gcfg)
             steps = an.permuted_steps or tr.step
             tcfg = replace(cfg.train, max_steps=steps, stop_memorized=1.01, snapshot_every=0,
                            eval_every=max(steps, 1))  # fmt: skip
@@ -238,7 +271,7 @@ def run(cfg: Config, run) -> dict:
             ptr = train(null_model, fit, test, tcfg, _StageRun(run), cfg.seed)
             null_model.to(run.device).eval()
             summary, _ = A.run_circuits(null_model, clean_all, noisy, an.circuit_top_frac, an.circuit_items,
-                                        cfg.seed, an.circuit_nulls)  # fmt: skip
+                                        cfg.seed, an.circuit_nulls, digits, an.mean_items)  # fmt: skip
             own = answer_matches(null_model, fit.ids.to(run.device), fit).all(1).float().mean().item()
             return {**A.permuted_null_summary(circ, summary), "steps": ptr.step,
                     "train_em_permuted_labels": own, "test_em": ptr.final.get("clean_test_em", float("nan")),
@@ -252,20 +285,20 @@ def run(cfg: Config, run) -> dict:
     if an.edge_circuits:
         ec = stage("edge_circuits", lambda: A.run_edge_circuits(model, clean_all, noisy, an.edge_top_frac,
                                                                 an.circuit_items, cfg.seed, an.circuit_nulls,
-                                                                an.edge_ig_steps))  # fmt: skip
+                                                                an.edge_ig_steps, digits, an.mean_items))  # fmt: skip
         extra_keys |= {"edge_circuit_iou": ec["iou"], "edge_circuit_iou_null_unrelated": ec["iou_null_unrelated"],
                      "edge_circuit_faithfulness_mem": ec["faithfulness_memorization"],
                      "edge_circuit_faithfulness_gen": ec["faithfulness_generalization"],
                      "edge_circuit_iou_excess": ec["iou"] - ec["iou_null_unrelated"]}  # fmt: skip
     if an.head_ablation:
         ha = stage("head_ablation", lambda: A.run_head_ablation(model, clean_all, noisy, an.circuit_items, cfg.seed,
-                                                                an.circuit_nulls))  # fmt: skip
+                                                                an.circuit_nulls, digits, an.mean_items))  # fmt: skip
         extra_keys |= {
             "head_ablation_corr": ha["corr"],
             "head_ablation_corr_null_unrelated": ha["corr_null_unrelated"],
             "head_ablation_corr_excess": ha["corr"] - ha["corr_null_unrelated"],
         }
-    layer = an.neuron_layer % mc.n_layers
+    layer = an.neuron_layer % n_layers(model)
     neurons = stage("neurons", lambda: A.run_neurons(model, circ["memorization_scores"], probe_set, probe_items,
                                                      test, test_items, noisy, noisy_items, cfg.task.digit_order,
                                                      an.neuron_k, layer, cfg.seed, an.neuron_random_draws))  # fmt: skip

@@ -27,6 +27,7 @@ from reprlab.interp.logit_lens import logit_lens, residual_names
 from reprlab.interp.probing import collect, probe_grid
 from reprlab.methods.reason_to_rote.dataset import Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
+from reprlab.methods.reason_to_rote.lm import HFOptions, build_lm, save_lm
 from reprlab.methods.reason_to_rote.thr import THRConfig, generate_thr, validate_thr_item
 from reprlab.methods.reason_to_rote.train import TrainConfig, train
 from reprlab.models.gpt import GPT, GPTConfig
@@ -35,7 +36,9 @@ from reprlab.train.seed import seed_everything
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(HFOptions):
+    """Our GPT's size [ours] (d_vocab and n_ctx are set from the task), or a HF causal LM (``hf_id``)."""
+
     n_layers: int = field(default=4, metadata={"help": "transformer blocks", "ge": 1})
     d_model: int = field(default=128, metadata={"help": "residual stream width", "ge": 1})
     n_heads: int = field(default=4, metadata={"help": "attention heads (must divide d_model)", "ge": 1})
@@ -68,6 +71,14 @@ def _em(model, batch, ids, fwd=()) -> float:
         )
 
 
+def preflight(cfg: Config) -> None:
+    """Fail before the run folder exists when ``model.hf_id`` is not available offline."""
+    if cfg.model.hf_id:
+        from reprlab.models.hf import check_model_available
+
+        check_model_available(cfg.model.hf_id, "model.hf_id")
+
+
 def run(cfg: Config, run) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -91,12 +102,25 @@ def run(cfg: Config, run) -> dict:
         tensorize(noisy_items, vocab),
     )
 
-    torch.manual_seed(cfg.seed)
     mc = cfg.model
-    model = GPT(GPTConfig(d_vocab=len(vocab), n_ctx=train_set.ids.shape[1], n_layers=mc.n_layers,
-                          d_model=mc.d_model, n_heads=mc.n_heads, d_mlp=mc.d_mlp))  # fmt: skip
+    lm = None
+    if mc.hf_id:  # a HF causal LM behind our GPT's call; every batch in its token ids (lm.py)
+        lm = build_lm(
+            mc.hf_id, mc.from_config, mc.tokens, vocab, train_set.ids.shape[1], cfg.seed, run.device
+        )
+        train_set, test, facts_b, clean_b, noisy = (
+            lm.remap(b) for b in (train_set, test, facts_b, clean_b, noisy)
+        )
+        model = lm.model
+        run.save_json("analysis/model.json", lm.info)
+    else:
+        torch.manual_seed(cfg.seed)
+        model = GPT(GPTConfig(d_vocab=len(vocab), n_ctx=train_set.ids.shape[1], n_layers=mc.n_layers,
+                              d_model=mc.d_model, n_heads=mc.n_heads, d_mlp=mc.d_mlp))  # fmt: skip
     tr = train(model, train_set, test, cfg.train, run, cfg.seed)
     model.to(run.device).eval()
+    if lm is not None:
+        run.stage("export", lambda: save_lm(lm, run.dir / "model"))
 
     def final_eval() -> dict:
         m = evaluate(model, test, clean_b, noisy, run.device)
@@ -136,8 +160,11 @@ def run(cfg: Config, run) -> dict:
                           layers, positions, seed=cfg.seed)  # fmt: skip
         li, pi = grid.best  # argmax over the first evaluation set: ``select``
         # control: the same probe on an untrained model of the same shape (entity identity alone)
-        torch.manual_seed(cfg.seed + 1)
-        rand = GPT(model.cfg).to(run.device).eval()
+        if lm is not None:
+            rand = lm.untrained()  # random init from the same config, seeded with seed + 1
+        else:
+            torch.manual_seed(cfg.seed + 1)
+            rand = GPT(model.cfg).to(run.device).eval()
         ra = {
             n: collect(rand, b.ids, [names[li]], [positions[pi]])
             for n, b in (("train", fit_b), ("noisy", noisy))

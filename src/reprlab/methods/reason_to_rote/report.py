@@ -85,9 +85,30 @@ def sweep_curves_section(seed_dirs: list[Path]) -> Section | None:
                    "is where the stopping rule ended the run.", figure=fig)  # fmt: skip
 
 
+def model_section(an: Path) -> Section | None:
+    """What a run trained when it trained a Hugging Face model (``analysis/model.json``); None for our GPT."""
+    info = _read(an / "model.json")
+    if not info:
+        return None
+    how = (
+        "trained from scratch from its config"
+        if info["from_config"]
+        else "fine-tuned from its pretrained weights"
+    )
+    ids = ", ".join(f"{k} -> {v}" for k, v in info["token_ids"].items())
+    text = (f"{info['architecture']} `{info['hf_id']}` ({info['n_params'] / 1e6:.2f}M parameters, "
+            f"{info['n_layers']} layers, d_model {info['d_model']}, {info['n_heads']} heads), {how}, every "
+            f"analysis through the hook sites of reprlab.hooks.sites. Task tokens -> model ids [ours, "
+            f"model.tokens={info['tokens']}]: {ids}" + (f"; new tokens: {info['new_tokens']}" if info["new_tokens"] else "")
+            + ". The trained model is in model/ (transformers' from_pretrained loads it).")  # fmt: skip
+    return Section("Model", text)
+
+
 def fda_sections(run_dir: Path) -> list[Section]:
     an = run_dir / "analysis"
     out: list[Section] = [Section("Reason to Rote: FDA", PAPER_NOTE)]
+    if (model := model_section(an)) is not None:
+        out.append(model)
     final = _read(an / "final_eval.json")
     if final:
         out.append(
@@ -283,6 +304,8 @@ def thr_sections(run_dir: Path) -> list[Section]:
     an = run_dir / "analysis"
     out: list[Section] = [Section("Reason to Rote: THR", PAPER_NOTE + " THR is data- and depth-hungry; "
                                   "held-out two-hop accuracy is reported as measured.")]  # fmt: skip
+    if (model := model_section(an)) is not None:
+        out.append(model)
     final = _read(an / "final_eval.json")
     if final:
         out.append(

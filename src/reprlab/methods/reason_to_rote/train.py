@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from reprlab.methods.reason_to_rote.dataset import Batch
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.models.gpt import GPT
+from reprlab.models.hf_lm import HFCausalLM
 from reprlab.train.schedule import warmup_cosine_factor
 
 
@@ -47,6 +48,9 @@ class TrainConfig:
                           "the tiny CPU model) [ours]; false = the per-parameter loop"},
     )  # fmt: skip
     eval_every: int = field(default=100, metadata={"help": "steps between dynamics evaluations"})
+    eval_clean_items: int = field(
+        default=500, metadata={"help": "clean training items evaluated at each dynamics step", "ge": 1}
+    )
     ckpt_every: int = field(default=500, metadata={"help": "steps between resume checkpoints"})
     snapshot_every: int = field(default=500, metadata={"help": "steps between kept snapshots; 0 disables"})
     stop_memorized: float = field(
@@ -78,11 +82,12 @@ def answer_loss(model: nn.Module, batch: Batch) -> Tensor:
 
     Our :class:`GPT` computes logits only from the first answer position of the batch on (``start``): the
     same loss up to float rounding, without the last block's MLP and the unembedding on prompt positions.
+    A wrapped HF model (:class:`HFCausalLM`) skips the unembedding there (HF's ``logits_to_keep``).
     """
     mask = batch.answer_mask()[:, 1:]  # (batch, pos-1): which next-token predictions carry loss
     targets = batch.ids[:, 1:]
     start = 0
-    if isinstance(model, GPT) and mask.any():
+    if isinstance(model, (GPT, HFCausalLM)) and mask.any():
         start = int(mask.any(0).nonzero()[0])
         mask, targets = mask[:, start:], targets[:, start:]
         logits = model(batch.ids[:, :-1], start=start)  # (batch, pos-1-start, d_vocab)
@@ -101,7 +106,7 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
 
 
 def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run, seed: int,
-          eval_subset: int = 500, val: Batch | None = None,
+          eval_subset: int | None = None, val: Batch | None = None,
           eval_noisy: Batch | None = None) -> TrainResult:  # fmt: skip
     """Train ``model`` on ``train_set`` (noisy labels included) and log dynamics to ``run``.
 
@@ -109,7 +114,8 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
         train_set: all training items (``ids`` carry the training labels).
         test: clean held-out items.
         run: a :class:`reprlab.runs.Run` (metrics, checkpoints, resume).
-        eval_subset: clean training items evaluated at each dynamics step (all noisy items always are).
+        eval_subset: clean training items evaluated at each dynamics step (all noisy items always are);
+            None = ``cfg.eval_clean_items``.
         val: clean validation items for the stopping rule (logged as ``val_em``); without it the rule reads
             the test EM.
         eval_noisy: the noisy items to track instead of ``train_set``'s own (the 0%-noise control trains on
@@ -136,7 +142,7 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
     )
     clean_idx = torch.nonzero(~train_set.noisy).flatten()
     clean = train_set.select(clean_idx[torch.randperm(len(clean_idx), generator=torch.Generator().manual_seed(seed))
-                                       [:eval_subset]])  # fmt: skip
+                                       [:eval_subset or cfg.eval_clean_items]])  # fmt: skip
     data = train_set.to(device)
     t0, last, done = time.perf_counter(), {}, start
     end = min(cfg.max_steps, cfg.steps) if cfg.max_steps > 0 else cfg.steps
