@@ -120,7 +120,9 @@ class StepModule(nn.Module):
         return fn(*args, **kwargs)
 
 
-def wrap_ddp(model: nn.Module, find_unused_parameters: bool = False, **kwargs) -> DistributedDataParallel | None:
+def wrap_ddp(
+    model: nn.Module, find_unused_parameters: bool = False, **kwargs
+) -> DistributedDataParallel | None:
     """``DistributedDataParallel(StepModule(model))`` when a process group with several ranks is up, else None.
 
     Args:
