@@ -17,12 +17,16 @@ forward (as open_clip's training makes ``CLIP.forward`` return every feature of 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,18 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
         return
     for t in [*module.parameters(), *module.buffers()]:
         dist.broadcast(t.data, src)
+
+
+def main_first(fn: Callable[[], T], is_main: bool) -> T:
+    """Run ``fn`` on the main rank, then (after a barrier) on the others: for stages that write files the other
+    ranks then read back (a resumable stage finds the main rank's result and skips its work)."""
+    group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    result = fn() if is_main or not group else None
+    if group:
+        dist.barrier()
+        if not is_main:
+            result = fn()
+    return result  # type: ignore[return-value]
 
 
 def shard(n_global: int, rank: int, world_size: int) -> slice:
