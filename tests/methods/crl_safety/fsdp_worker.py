@@ -105,7 +105,7 @@ def train(case: str, shard: bool) -> dict:
 
 def main(out: str, *cases: str) -> None:
     info = init_distributed(device="cpu")
-    # "<case>@replicas": every rank holds the whole model and the trainer averages gradients (no FSDP)
+    # "<case>@replicas": every rank holds the whole model and DDP averages the gradients (no FSDP)
     res = {case: train(case.split("@")[0], info.enabled and not case.endswith("@replicas")) for case in cases}
     if info.is_main:
         torch.save({"world": info.world_size, **res}, out)

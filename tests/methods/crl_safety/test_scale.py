@@ -143,8 +143,9 @@ def test_bf16_base_trains_fp32_adapters_close_to_fp32(fmt, data):
 def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
     """``Trainer.fit`` of CRL (code settings and crl-tiny's), CRL+mining, RR and stage-0 SFT, 4 AdamW steps each, on
     a tiny random Llama: torchrun with 2 gloo ranks and FSDP2 (the batch split over ranks; once also as plain
-    replicas) against one plain process (~35 s here)."""
-    cases = [*fsdp_worker.CASES, "crl_code@replicas"]
+    replicas under DDP, once with the latent attack mined inside the DDP step) against one plain process (~40 s
+    here)."""
+    cases = [*fsdp_worker.CASES, "crl_code@replicas", "crl_adv@replicas"]
     out = tmp_path / "two.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

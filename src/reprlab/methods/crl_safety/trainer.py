@@ -11,7 +11,8 @@ every rank samples the same global batch and runs the model on its contiguous sh
 rows (the harmful centroid, means over all tokens of the batch) read states gathered across ranks with
 gradient (``reprlab.train.dist.all_gather_with_grad``); per-row sums (CE, KL) stay local and are summed across
 ranks. Either way a rank's loss has the global value and its gradient is ``world`` times its rows' share, so
-FSDP's gradient average gives the single-process gradient of the global batch (tested on 2 gloo ranks).
+FSDP's gradient average gives the single-process gradient of the global batch (tested on 2 gloo ranks). Whole
+replicas (no sharding) average their gradients the same way through PyTorch's DDP.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
-from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, average_gradients, shard
+from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, shard, wrap_ddp
 from reprlab.train.timing import section
 
 KINDS = ("sft", "rr", "crl", "crl_adv")
@@ -147,6 +148,10 @@ class Trainer:
                     )
         self.rng = random.Random(seed)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # whole replicas under torchrun: PyTorch's DDP averages the adapters' gradients (bucketed, overlapped with
+        # backward) and the step's loss (all its forwards, mining included) is one DDP forward; an FSDP2-sharded
+        # model reduces its gradients itself
+        self.ddp = wrap_ddp(model) if self.world > 1 and not isinstance(model, FSDPModule) else None
         self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=0.0)
         self.retain, self.retain_rng = None, None
         if kind in ("crl", "crl_adv"):
@@ -476,11 +481,9 @@ class Trainer:
             t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
             with section("loss"):
-                loss, info = self.loss(step)
+                loss, info = self.loss(step) if self.ddp is None else self.ddp(self.loss, step)
             with section("backward"):
                 loss.backward()
-            if self.world > 1 and not sharded:  # plain replicas: average like FSDP does
-                average_gradients(self.model)
             with section("optimizer"):
                 self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
