@@ -431,6 +431,13 @@ class Trainer:
                                "gen": self._gen.get_state().tolist()}  # fmt: skip
         return modules, optims, extra
 
+    @staticmethod
+    def _replicated(modules: dict, optims: dict) -> tuple[dict, dict]:
+        """The parts of :meth:`_ckpt_parts` that FSDP does not shard (all but the adapters and their AdamW)."""
+        return {k: m for k, m in modules.items() if k != "lora"}, {
+            k: o for k, o in optims.items() if k != "opt"
+        }
+
     # ------------------------------------------------------------------ loop
     def checkpointing(self, on: bool) -> None:
         """HF gradient checkpointing of every decoder block, non-reentrant: it needs no input that requires grad
@@ -450,19 +457,19 @@ class Trainer:
         o = self.cfg.optim
         start = 0
         # replicas hold identical adapters and AdamW state, so rank 0's checkpoint is every rank's and all ranks resume
-        # from it. [missing] FSDP-sharded adapters and AdamW state (DTensors) are not checkpointed yet: a sharded run
-        # neither writes nor resumes checkpoints (metrics are still logged by rank 0)
+        # from it; an FSDP2-sharded model is checkpointed by every rank through DCP (reprlab.runs.dcp)
         sharded = isinstance(self.model, FSDPModule)  # FSDP2 reduces gradients itself
-        saves = self.run is not None and not sharded
-        if sharded and self.run is not None:
-            self.run.logger.warning(
-                "%s: no checkpoints of FSDP-sharded adapters (not implemented)", self.kind
-            )
+        saves = self.run is not None
         if saves and self.run.checkpoints(self.kind):
             if self.attacker is not None:  # a placeholder module to load the saved attack into
                 self.attacker.refresh(torch.Generator())
             modules, optims, _ = self._ckpt_parts()
-            step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
+            if sharded:
+                step, extra = self.run.load_sharded_checkpoint(
+                    self.model, self.opt, *self._replicated(modules, optims), tag=self.kind
+                )
+            else:
+                step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
             start = step - self.offset
             self.rng.setstate(_tuple_state(extra["rng"]))
             if self.retain_rng is not None and "retain_rng" in extra:
@@ -493,7 +500,14 @@ class Trainer:
             if saves and (done % o.checkpoint_every == 0 or done == self.steps):
                 with section("checkpoint"):
                     modules, optims, extra = self._ckpt_parts()
-                    self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
+                    if sharded:  # every rank writes its shards
+                        self.run.save_sharded_checkpoint(self.offset + done, self.model, self.opt,
+                                                         *self._replicated(modules, optims), extra=extra,
+                                                         tag=self.kind)  # fmt: skip
+                    else:
+                        self.run.save_checkpoint(
+                            self.offset + done, modules, optims, extra=extra, tag=self.kind
+                        )
         self.model.eval()
         if ckpt:
             self.checkpointing(False)
