@@ -106,3 +106,18 @@ def test_relative_links_resolve(path: Path):
             if anchor not in {_anchor(h) for h in headings}:
                 bad.append(f"{target} (no heading with that anchor)")
     assert not bad, f"{path.relative_to(ROOT)}: " + "; ".join(bad)
+
+
+def test_citation_file_lists_the_four_papers():
+    import yaml
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    urls = {r["url"] for r in cff["references"]}
+    for anthology_id in (
+        "2025.emnlp-main.497",
+        "2025.emnlp-main.437",
+        "2025.emnlp-main.1430",
+        "2025.findings-emnlp.734",
+    ):
+        assert any(anthology_id in u for u in urls), anthology_id
+        assert anthology_id in README.read_text(encoding="utf-8"), anthology_id
