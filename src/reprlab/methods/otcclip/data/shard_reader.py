@@ -81,7 +81,7 @@ def check_member_name(name: str, shard: Path | str) -> None:
         UnsafeShardError: naming the shard and the member.
     """
     p = PurePosixPath(name)
-    if p.is_absolute() or ".." in p.parts or (len(name) > 1 and name[1] == ":"):
+    if p.is_absolute() or ".." in p.parts:
         raise UnsafeShardError(
             f"{Path(shard).name}: member {name!r} is {'absolute' if p.is_absolute() else 'outside the archive'}; "
             "refusing the shard",
