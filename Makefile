@@ -92,7 +92,7 @@ openclip-env:
 	scripts/openclip_env.sh $(OPENCLIP_VENV)
 
 test-openclip: openclip-env
-	$(OFFLINE) REPRLAB_QUIET=1 $(OPENCLIP_VENV)/bin/python -m pytest -q tests/methods/otcclip/test_openclip.py $(PYTEST_ARGS)
+	$(OFFLINE) REPRLAB_QUIET=1 $(OPENCLIP_VENV)/bin/python -m pytest -q tests/methods/otcclip/test_openclip.py tests/methods/otcclip/test_export_openclip.py $(PYTEST_ARGS)
 
 bench: install
 	@for b in benchmarks/bench_*.py; do echo "==> $$b"; $(OFFLINE) $(PY) $$b || exit 1; done

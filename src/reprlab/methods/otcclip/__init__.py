@@ -8,7 +8,8 @@ says [ours]; RoCLIP, SafeCLIP and CleanCLIP follow their public code.
 The package, from the entry points down (a module imports only from the rows below it, or its own row):
 
 * ``recipe.py``: the entry ``reprlab run otcclip-*`` loads (``Config``, ``preflight``, ``run``,
-  ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards``; ``recipes/*.yaml``: the recipes.
+  ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards``; ``export.py``: ``reprlab export``'s
+  open_clip / HF folders; ``recipes/*.yaml``: the recipes.
 * ``pipeline/``: what a run does, stage by stage (preflight, in-memory and streamed runs, one defense's stage, the
   audit stage and command, the report).
 * ``evaluation/``: zero-shot, linear probe, ASRs; on our testbed; the poison audit.
@@ -17,9 +18,9 @@ The package, from the entry points down (a module imports only from the rows bel
 * ``defenses/``: one file per defense behind a registry (none, RoCLIP, SafeCLIP, CleanCLIP, OTCCLIP), their
   losses (CLIP, in-modality, OT alignment) and matching (caption bank, OT re-matching).
 * ``models/``: the feature interface, our tiny CLIP, the Hugging Face and open_clip adapters, the ``model.arch``
-  builder, batched embeddings, a run's saved model.
+  builder, batched embeddings, a run's saved model, its export folders.
 * ``data/``: the testbed (mosaics, shapes, poisons, triggers), the word tokenizer, image transforms, user data
-  in memory, webdataset shards and streamed sources.
+  in memory, webdataset shards (read through webdataset, ``shard_reader``) and streamed sources.
 * ``config/``: the recipe's frozen dataclass configs, one module per YAML section (``data``, ``model``,
   ``train``, ``defense``, ``stream``) composed into ``Config``; resolved once and handed down section by section.
 

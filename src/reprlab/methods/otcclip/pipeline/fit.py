@@ -46,6 +46,8 @@ def fit(defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bo
     if matches:
         final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
         final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
+    for key in sorted({k for h in history for k in h if k.startswith("data_skipped_")}):
+        final[key] = sum(int(h.get(key, 0)) for h in history)  # every epoch's skips, by reason
     splits = [h for h in history if "poison_in_risky" in h]
     if splits:
         final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]

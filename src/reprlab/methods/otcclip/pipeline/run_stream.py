@@ -44,14 +44,17 @@ def run_stream(cfg: Config, run: Run) -> dict:
 
         run.stage("shards", write)
     if sc.clean_source and trains_on_clean(cfg):  # the user's clean set replaces the testbed's
-        clean_source = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+        clean_source = open_source(sc.clean_source, sc.image_root, "stream.clean_source", sc.on_bad_sample)
     elif bed is not None and bed.clean is not None and trains_on_clean(cfg):
         clean_dir = clean_shards(cfg, run, bed.clean)
     if dist.enabled:
         torch.distributed.barrier()  # rank 0 wrote the shards
-    source = ShardSource(run.dir / "shards") if sc.write_shards else open_source(sc.source, sc.image_root)
+    if sc.write_shards:
+        source = ShardSource(run.dir / "shards", sc.on_bad_sample)
+    else:
+        source = open_source(sc.source, sc.image_root, on_bad=sc.on_bad_sample)
     if clean_dir is not None:
-        clean_source = ShardSource(clean_dir)
+        clean_source = ShardSource(clean_dir, sc.on_bad_sample)
     tok = build_tokenizer(cfg.model)
     if tok is None and sc.write_shards:
         tok = WordTokenizer.from_texts(bed.pairs.captions)  # the in-memory path's vocabulary
