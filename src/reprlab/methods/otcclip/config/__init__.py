@@ -20,6 +20,7 @@ from reprlab.methods.otcclip.config.defense import (
     whole_set_options,
 )
 from reprlab.methods.otcclip.config.model import ModelConfig
+from reprlab.methods.otcclip.config.poison import PoisonConfig
 from reprlab.methods.otcclip.config.stream import StreamConfig
 from reprlab.methods.otcclip.config.train import TrainConfig
 
@@ -43,6 +44,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     defense: DefenseConfig = field(default_factory=DefenseConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    poison: PoisonConfig = field(default_factory=PoisonConfig)
 
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "DefenseConfig",
     "ModelConfig",
     "OTConfig",
+    "PoisonConfig",
     "StreamConfig",
     "TrainConfig",
     "whole_set_options",
