@@ -19,6 +19,7 @@ from reprlab.methods.otcclip.config.defense import (
     OTConfig,
     whole_set_options,
 )
+from reprlab.methods.otcclip.config.eval import EvalConfig
 from reprlab.methods.otcclip.config.model import ModelConfig
 from reprlab.methods.otcclip.config.poison import PoisonConfig
 from reprlab.methods.otcclip.config.stream import StreamConfig
@@ -28,7 +29,7 @@ from reprlab.methods.otcclip.config.train import TrainConfig
 @dataclass(frozen=True)
 class Config:
     """The whole recipe: top-level keys, then one section per part (``data``, ``model``, ``train``, ``defense``,
-    ``stream``)."""
+    ``stream``, ``poison``, ``eval``)."""
 
     seed: int = field(default=0, metadata={"help": "seed for data, poisons, init and order"})
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu' or 'cuda'"})
@@ -45,6 +46,7 @@ class Config:
     defense: DefenseConfig = field(default_factory=DefenseConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     poison: PoisonConfig = field(default_factory=PoisonConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "DefenseConfig",
+    "EvalConfig",
     "ModelConfig",
     "OTConfig",
     "PoisonConfig",

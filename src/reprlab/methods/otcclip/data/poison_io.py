@@ -118,4 +118,4 @@ def read_manifest(path: str | Path) -> dict:
         raise DataError(f"{path}: not a readable JSON manifest ({err})") from None
     if not isinstance(m, dict) or not isinstance(m.get("poison"), dict):
         raise DataError(f"{path}: no 'poison' record (not written by `reprlab otcclip poison`)")
-    return {**m["poison"], "_dir": str(path.parent)}
+    return {**m["poison"], "_dir": str(path.parent), "n_samples": m.get("n_samples")}
