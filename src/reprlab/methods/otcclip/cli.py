@@ -1,4 +1,5 @@
-"""Typer sub-app mounted by the main CLI as ``reprlab otcclip audit | make-shards | poison | evaluate``."""
+"""Typer sub-app mounted by the main CLI as ``reprlab otcclip audit | make-shards | poison | evaluate``
+(command bodies in ``pipeline/``)."""
 
 from __future__ import annotations
 
@@ -182,3 +183,32 @@ def poison(
     typer.echo(
         f"wrote {summary['n_samples']} samples in {summary['n_shards']} shards and manifest.json to {out}"
     )
+
+
+@app.command("evaluate")
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="an otcclip run folder"),
+    zeroshot: str = typer.Option("", "--zeroshot", help="ImageFolder for zero-shot and the backdoor ASR"),
+    class_names: str = typer.Option("", help="JSON of class names (list or folder -> name)"),
+    templates: str = typer.Option("", help="prompt template file ('clip80' = CLIP's 80 ImageNet templates)"),
+    probe_train: str = typer.Option("", help="ImageFolder the linear probe is fitted on"),
+    probe_test: str = typer.Option(
+        "", help="ImageFolder the linear probe is scored on (default: --zeroshot)"
+    ),
+    manifest: str = typer.Option("", help="poison manifest.json (or its folder) for both ASRs"),
+    max_per_class: int = typer.Option(None, min=0, help="at most this many images per class (0 = all)"),
+    defense: list[str] = typer.Option(None, "--defense", help="only these defenses (repeat; default: all)"),
+    out: Path = typer.Option(None, help="folder for folder_eval.json (default: RUN_DIR/eval)"),
+) -> None:
+    """Evaluate a run's defenses on your labelled images: zero-shot, linear probe, and the targeted and backdoor
+    ASRs of a poison manifest. Options left out take the run's eval.* settings."""
+    from reprlab.methods.otcclip.pipeline.evaluate import evaluate_run, table
+
+    overrides = {
+        "zeroshot_dir": zeroshot, "class_names": class_names, "templates": templates,
+        "probe_train_dir": probe_train, "probe_test_dir": probe_test, "poison_manifest": manifest,
+        "max_per_class": max_per_class,
+    }  # fmt: skip
+    summary = evaluate_run(run_dir, overrides, defense or None, out)
+    typer.echo(table(summary))
+    typer.echo(f"wrote {(out or run_dir / 'eval') / 'folder_eval.json'}")

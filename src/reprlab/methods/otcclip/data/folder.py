@@ -74,7 +74,7 @@ def image_folder(
     ``max_per_class`` a seeded random subset of at most that many per class. ``key`` names the setting in errors.
 
     Raises:
-        DataFileMissingError: no such folder. DataError: no class folder, or a class folder without images.
+        DataFileMissingError: no such folder. DataError: no class folder, or no image in any of them.
     """
     root = Path(root)
     what = f"{key}: " if key else ""
@@ -92,12 +92,14 @@ def image_folder(
     labels: list[int] = []
     for c, folder in enumerate(folders):
         files = sorted(p for p in (root / folder).rglob("*") if p.suffix.lower() in IMAGE_EXT and p.is_file())
-        if not files:
-            raise DataError(f"{what}class folder {root / folder} holds no image ({', '.join(IMAGE_EXT)})")
         if max_per_class and len(files) > max_per_class:
             files = [files[i] for i in sorted(rng.choice(len(files), max_per_class, replace=False))]
         paths += files
         labels += [c] * len(files)
+    if (
+        not paths
+    ):  # an empty class folder is a class with no image (still a zero-shot candidate); all empty is not
+        raise DataError(f"{what}{root}: its class folders hold no image ({', '.join(IMAGE_EXT)})")
     return ImageFolder(root, tuple(paths), np.asarray(labels, dtype=np.int64), names)
 
 

@@ -57,8 +57,8 @@ def _shard_samples(paths: list[Path]):
                 except ValueError:  # UnicodeDecodeError too: copied as is, never a poison's source
                     caption = None
                 yield key, parts, caption
-        except (OSError, EOFError, tarfile.TarError) as err:
-            raise DataError(f"{path}: unreadable shard ({err})") from None
+        except (OSError, EOFError, ValueError, tarfile.TarError) as err:  # ValueError: a header's octal field
+            raise DataError(f"{path}: unreadable shard, not a tar archive or truncated ({err})") from None
 
 
 def _table_samples(table: TableSource, skipped: dict, read: bool):
