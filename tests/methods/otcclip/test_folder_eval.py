@@ -138,3 +138,22 @@ def test_otcclip_folder_tiny_recipe_micro(tmp_path):
     m = json.loads((run.dir / "poisoned" / "manifest.json").read_text())
     assert summary["n_pairs"] == m["n_samples"] == 120 + 2 * 4
     assert {"files", "poison", "none"} <= {p.stem for p in (run.dir / "stages").glob("*.json")}
+
+
+def test_preflight_names_what_does_not_fit(tmp_path):
+    from reprlab.errors import ConfigError, DataFileMissingError
+
+    base = yaml.safe_load(YAML.read_text())["config"]
+    cases = [
+        (["data.testbed=fashion_mnist", "poison.enabled=false", f"eval.zeroshot_dir={tmp_path}"], ConfigError, "data.testbed=none"),
+        (["data.testbed=none", "poison.enabled=true"], ConfigError, "stream.source"),
+        ([f"stream.source={tmp_path}"], ConfigError, "data.testbed 'files'"),
+        (["data.testbed=none", f"stream.source={tmp_path}", "poison.enabled=false",
+          f"eval.zeroshot_dir={tmp_path / 'nowhere'}"], DataFileMissingError, "nowhere"),
+    ]  # fmt: skip
+    (tmp_path / "x.tar").write_bytes(b"")
+    for overrides, err, text in cases:
+        cfg = load_config(recipe.Config, base, overrides)
+        with pytest.raises(err) as info:
+            recipe.preflight(cfg)
+        assert text in str(info.value) + str(getattr(info.value, "hint", "")), (overrides, str(info.value))
