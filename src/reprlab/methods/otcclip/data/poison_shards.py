@@ -53,9 +53,10 @@ def _shard_samples(paths: list[Path]):
         try:
             for key, parts in sh.read_members(path):
                 try:
-                    _, caption, _ = sh.split_sample(parts)
+                    image, caption, _ = sh.split_sample(parts)
                 except ValueError:  # UnicodeDecodeError too: copied as is, never a poison's source
-                    caption = None
+                    image = caption = None
+                caption = caption if image is not None else None  # no image: copied, never poisoned
                 yield key, parts, caption
         except (OSError, EOFError, ValueError, tarfile.TarError) as err:  # ValueError: a header's octal field
             raise DataError(f"{path}: unreadable shard, not a tar archive or truncated ({err})") from None
@@ -93,6 +94,11 @@ def _pick_targets(cfg: PoisonConfig, rng: np.random.Generator) -> tuple[list[dic
     if cfg.targets:
         if not cfg.adv_class:
             raise ConfigError("targets given as files need adv_class: the class their poison captions name")
+        bad = [t for t in cfg.targets if Path(t).suffix.lower().lstrip(".") not in sh.IMAGE_MEMBERS]
+        if bad:
+            raise ConfigError(
+                f"target {bad[0]} is not a {'/'.join(sh.IMAGE_MEMBERS)} file (a shard image member)"
+            )
         return [
             {"source": str(p), "true_class": None, "target_class": cfg.adv_class} for p in cfg.targets
         ], ()
@@ -100,8 +106,10 @@ def _pick_targets(cfg: PoisonConfig, rng: np.random.Generator) -> tuple[list[dic
         return [], ()
     folder = image_folder(cfg.targets_from, cfg.class_names, key="targets_from")
     names = folder.class_names
-    if cfg.adv_class and cfg.adv_class not in names and len(names) < 2:
-        raise ConfigError(f"targets_from {folder.root} has one class; adv_class must differ from it")
+    if not cfg.adv_class and len(names) < 2:
+        raise ConfigError(
+            f"targets_from {folder.root} has one class: give adv_class, the class to mislabel it as"
+        )
     ok = np.flatnonzero([names[y] != cfg.adv_class for y in folder.labels])
     if cfg.n_targets > len(ok):
         raise ConfigError(f"n_targets={cfg.n_targets} but {folder.root} has {len(ok)} eligible images")
@@ -186,7 +194,7 @@ def poison_dataset(
     # backdoor: clean pairs whose caption does not name the target (CleanCLIP draws at random) [ours: that rule]
     bd_rows: list[int] = []
     if m:
-        ok = [i for i in np.flatnonzero(valid) if not mentions(captions[i], cfg.backdoor_target)]
+        ok = [i for i in np.flatnonzero(valid) if not _names(captions[i], cfg.backdoor_target)]
         if m > len(ok):
             raise DataError(
                 f"{source}: {m} backdoored pairs asked, {len(ok)} clean pairs do not name the target"
@@ -262,12 +270,17 @@ def poison_dataset(
     return _write_manifest(out, source, cfg, seed, shards, writer.count, n_in, skipped, targets, bd, planted)
 
 
+def _names(caption: str, cls: str) -> bool:
+    """:func:`..poison.mentions`, after a cheap substring test (most captions of a web corpus name neither)."""
+    return cls.lower() in caption.lower() and mentions(caption, cls)
+
+
 def _poison_captions(cls, per, captions, valid, taken, class_names, cfg, rng) -> list[str]:
     """``per`` captions naming ``cls``: the corpus's (fewest other class names first, random among equals), or
     CLIP's templates."""
     if cfg.caption_source == "templates":
         return [CLIP_IMAGENET_TEMPLATES[int(i)].format(cls) for i in rng.integers(80, size=per)]
-    pool = [i for i in np.flatnonzero(valid) if i not in taken and mentions(captions[i], cls)]
+    pool = [i for i in np.flatnonzero(valid) if i not in taken and _names(captions[i], cls)]
     if len(pool) < per:
         raise DataError(
             f"only {len(pool)} captions of the data name {cls!r}; {per} poison captions per target asked",
