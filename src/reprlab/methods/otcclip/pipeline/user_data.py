@@ -6,6 +6,7 @@ defaults those stages give (``eval.*`` keys left '' point at the written folders
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -80,9 +81,18 @@ def eval_config(cfg: Config, run_dir: Path) -> tuple[EvalConfig, str]:
         manifest = str(Path(run_dir) / "poisoned" / MANIFEST)
     elif cfg.stream.source and Path(cfg.stream.source).is_dir():
         path = Path(cfg.stream.source) / MANIFEST
-        if path.is_file() and '"poison"' in path.read_text(encoding="utf-8", errors="replace"):
+        if path.is_file() and isinstance(_json(path).get("poison"), dict):
             manifest = str(path)
     return e, manifest
+
+
+def _json(path: Path) -> dict:
+    """A JSON object, or ``{}`` for a file that is not one (a shards manifest of another tool)."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def folder_eval(cfg: Config, run_dir: Path) -> FolderEval | None:
