@@ -39,7 +39,7 @@ def poisoned(tmp_path_factory):
     res = CliRunner().invoke(app, ["otcclip", "poison", files["captions"], str(out), "--targets-from",
                                    files["targets"], "--n-targets", "2", "-n", "6", "--backdoor", "12",
                                    "--backdoor-target", "bag", "--image-size", "56", "--trigger-patch", "8",
-                                   "--n-shards", "2"])  # fmt: skip
+                                   "--trigger", "badnets", "--trigger", "blended", "--n-shards", "2"])  # fmt: skip
     assert res.exit_code == 0, res.output
     return files, out
 
@@ -77,13 +77,16 @@ def test_user_data_poisoned_trained_evaluated_end_to_end(poisoned, tmp_path):
     assert data["poison_manifest"] == str(out / "manifest.json")  # found beside the trained shards
     assert summary["poison_rate"] == pytest.approx(len(p["planted"]) / manifest["n_samples"], abs=0)
     assert summary["n_pairs"] == manifest["n_samples"]
+    # two backdoors (one per --trigger), 12 pairs each, made from disjoint clean pairs
+    assert [b["trigger"]["kind"] for b in p["backdoors"]] == ["badnets", "blended"]
+    assert len({s for b in p["backdoors"] for s in b["source_keys"]}) == 24
+    assert {r["trigger"] for r in p["planted"] if r["kind"] == "backdoor"} == {"badnets", "blended"}
     classes = tuple(c.replace("_", " ") for c in sorted(x.name for x in Path(files["test"]).iterdir()))
     templates = Path(files["templates"]).read_text().split("\n")[:-1]
     test = [
         (f, c) for c, d in enumerate(sorted(Path(files["test"]).iterdir())) for f in sorted(d.glob("*.png"))
     ]
     bag = classes.index("bag")
-    trig = p["backdoor"]["trigger"]
     for d in ("none", "safeclip"):
         for k in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor"):
             assert 0 <= summary[f"{d}.{k}"] <= 1
@@ -98,13 +101,18 @@ def test_user_data_poisoned_trained_evaluated_end_to_end(poisoned, tmp_path):
         labels = torch.tensor([c for _, c in test])
         pred = _classify(model, tok, imgs, classes, templates, 32)
         assert summary[f"{d}.zeroshot_acc"] == pytest.approx((pred == labels).float().mean().item(), abs=1e-6)
-        # backdoor: images not of the target class, the planted trigger applied at 56 px
-        keep = labels != bag
-        trig_imgs = apply_trigger(
-            imgs[keep], trig["kind"], trig["seed"], trig["patch"], trig["alpha"], **trig["params"]
-        )
-        asr_b = (_classify(model, tok, trig_imgs, classes, templates, 32) == bag).float().mean().item()
-        assert summary[f"{d}.asr_backdoor"] == pytest.approx(asr_b, abs=1e-6)  # a share of ~54 images
+        # each backdoor: images not of the target class, its planted trigger applied at 56 px; the key is the mean
+        asrs = []
+        for bd in p["backdoors"]:
+            trig, keep = bd["trigger"], labels != bag
+            x = apply_trigger(
+                imgs[keep], trig["kind"], trig["seed"], trig["patch"], trig["alpha"], **trig["params"]
+            )
+            asrs.append((_classify(model, tok, x, classes, templates, 32) == bag).float().mean().item())
+            assert summary[f"{d}.asr_backdoor_{trig['kind']}"] == pytest.approx(
+                asrs[-1], abs=1e-6
+            )  # ~54 images
+        assert summary[f"{d}.asr_backdoor"] == pytest.approx(sum(asrs) / 2, abs=1e-6)
     # `reprlab otcclip evaluate` on the finished run: the same keys, the same values (the same code path)
     res = CliRunner().invoke(app, ["otcclip", "evaluate", str(run.dir)])
     assert res.exit_code == 0, res.output

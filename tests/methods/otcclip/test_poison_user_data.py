@@ -90,7 +90,8 @@ def test_poison_a_table_plants_exactly_what_the_manifest_says(files, tmp_path):
     rows = list(csv.DictReader(open(files["captions"], encoding="utf-8")))
     assert m["n_samples"] == len(got) == len(rows) + 3 * 5  # backdoors replace their pairs
     # clean samples: byte-identical image file and caption; the backdoored ones are gone
-    src = set(p["backdoor"]["source_keys"])
+    (bd,) = p["backdoors"]
+    src = set(bd["source_keys"])
     root = Path(files["captions"]).parent
     for n, row in enumerate(rows):
         key = f"{n:09d}"
@@ -107,9 +108,9 @@ def test_poison_a_table_plants_exactly_what_the_manifest_says(files, tmp_path):
             cap = got[k]["txt"].decode()
             assert mentions(cap, t["target_class"]) and cap in {r["caption"] for r in rows}
     # backdoor: the planted trigger on the source image fitted to 56 px, captioned with the target
-    trig = p["backdoor"]["trigger"]
+    trig = bd["trigger"]
     assert (trig["kind"], trig["image_size"], trig["patch"]) == ("badnets", 56, 8)
-    for k, s in zip(p["backdoor"]["keys"], p["backdoor"]["source_keys"]):
+    for k, s in zip(bd["keys"], bd["source_keys"]):
         row = rows[int(s)]
         assert not mentions(row["caption"], "bag") and mentions(got[k]["txt"].decode(), "bag")
         clean = load_image(root / row["image"], 56, 1)[None]
@@ -129,14 +130,15 @@ def test_poison_shards_by_brace_pattern_keeps_every_input_sample(files, tmp_path
     shards = sorted(first.glob("*.tar"))
     assert len(shards) == 3
     pattern = str(first / "poisoned-{000000..000002}.tar")
-    cfg = PoisonConfig(backdoor=5, backdoor_target="sneaker", trigger=trigger, image_size=32,
+    cfg = PoisonConfig(backdoor=5, backdoor_target="sneaker", trigger=(trigger,), image_size=32,
                        backdoor_mode="add", caption_source="templates", shard_size=40)  # fmt: skip
     m = poison_dataset(pattern, tmp_path / "second", cfg, seed=2)
     before, after = _read_out(first), _read_out(tmp_path / "second")
     assert all(after[k] == v for k, v in before.items())  # 'add': every input sample, byte for byte
     assert set(after) - set(before) == {r["key"] for r in m["poison"]["planted"]}
-    assert m["n_samples"] == len(before) + 5 and m["poison"]["backdoor"]["trigger"]["kind"] == trigger
-    assert all(_decode(after[k]["png"]).shape[-2:] == (32, 32) for k in m["poison"]["backdoor"]["keys"])
+    (bd,) = m["poison"]["backdoors"]
+    assert m["n_samples"] == len(before) + 5 and bd["trigger"]["kind"] == trigger
+    assert all(_decode(after[k]["png"]).shape[-2:] == (32, 32) for k in bd["keys"])
 
 
 def test_poison_errors_name_the_file(files, tmp_path):

@@ -152,7 +152,10 @@ def poison(
     backdoor_mode: str = typer.Option(
         "replace", help="'replace' the clean pair, or 'add' the poison beside it"
     ),
-    trigger: str = typer.Option("badnets", help="badnets, badnets_random, blended, sig or wanet"),
+    trigger: list[str] = typer.Option(
+        None,
+        help="badnets (default), badnets_random, blended, sig or wanet; repeat for one backdoor per trigger",
+    ),
     image_size: int = typer.Option(224, min=8, help="backdoored images fitted to this size, then triggered"),
     trigger_patch: int = typer.Option(0, min=0, help="BadNets patch side (0 = 16/224 of --image-size)"),
     shard_size: int = typer.Option(1000, min=1, help="samples per output shard"),
@@ -175,7 +178,8 @@ def poison(
         targets=list(target or ()), targets_from=targets_from, n_targets=n_targets, class_names=class_names,
         adv_class=adv_class, captions_per_target=captions_per_target, targeted_rate=targeted_rate,
         caption_source=caption_source, backdoor=backdoor, backdoor_rate=backdoor_rate,
-        backdoor_target=backdoor_target, backdoor_mode=backdoor_mode, trigger=trigger, image_size=image_size,
+        backdoor_target=backdoor_target, backdoor_mode=backdoor_mode, trigger=list(trigger or ['badnets']),
+        image_size=image_size,
         trigger_patch=trigger_patch, shard_size=shard_size, n_shards=n_shards,
     ))  # fmt: skip
     summary = poison_command(data, out, cfg, seed, image_root)

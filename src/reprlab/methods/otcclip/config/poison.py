@@ -82,8 +82,13 @@ class PoisonConfig:
             "choices": ["replace", "add"],
         },
     )
-    trigger: str = field(
-        default="badnets", metadata={"help": "backdoor trigger (data/triggers.py)", "choices": list(TRIGGERS)}
+    trigger: tuple[str, ...] = field(
+        default=("badnets",),
+        metadata={
+            "help": "backdoor trigger(s), one backdoor of `backdoor` pairs each (disjoint): "
+            + ", ".join(TRIGGERS)
+            + " (data/triggers.py)"
+        },
     )
     image_size: int = field(
         default=224,

@@ -11,14 +11,15 @@ members, or a table row's image file and caption), and writes the planted sample
   adversarial class (the data's own captions, as RoCLIP; or CLIP's templates); the target file's bytes are the
   poison image and a copy goes to ``targets/`` for the evaluation. Poisons go at seeded random places of the
   stream (web shards do not hold them in a block).
-* backdoor: M clean pairs whose caption does not name the target class are fitted to ``image_size`` and
-  triggered (:func:`..triggers.apply_trigger`, stored as PNG), captioned "a photo of a {target}"; they replace
+* backdoor, one per trigger asked for (each with its own M pairs, disjoint): M clean pairs whose caption does not
+  name the target class are fitted to ``image_size`` and triggered (:func:`..triggers.apply_trigger`, stored as
+  PNG), captioned "a photo of a {target}"; they replace
   their clean pair or are added beside it.
 
 Poisoned samples carry a ``.json`` member with ``kind`` (1 targeted, 2 backdoor), which the stream reads for
 its re-matching diagnostics (never the defenses). ``manifest.json`` is :mod:`.shards`' manifest plus ``poison``:
-the settings, the targets, the trigger and its seed, and ``planted``, one row (key, shard, kind, target) per
-poisoned sample.
+the settings, the targets, each backdoor's trigger and seed, and ``planted``, one row (key, shard, kind, target,
+and a backdoor's trigger) per poisoned sample.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from reprlab.errors import ConfigError, DataError
-from reprlab.methods.otcclip.config import PoisonConfig
+from reprlab.methods.otcclip.config import TRIGGERS, PoisonConfig
 from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.folder import image_folder, load_image
 from reprlab.methods.otcclip.data.mosaic import PROMPTS
@@ -134,12 +135,13 @@ def _counts(cfg: PoisonConfig, n_clean: int, n_targets: int) -> tuple[int, int]:
     return per, m
 
 
-def trigger_settings(cfg: PoisonConfig, seed: int) -> dict:
-    """The trigger as :func:`..triggers.apply_trigger` takes it (recorded in the manifest for the evaluation)."""
+def trigger_settings(cfg: PoisonConfig, seed: int, kind: str, k: int = 0) -> dict:
+    """The ``k``-th backdoor's trigger as :func:`..triggers.apply_trigger` takes it (recorded in the manifest for the
+    evaluation)."""
     s = cfg.image_size
     return {
-        "kind": cfg.trigger,
-        "seed": seed + 2,  # as the testbed's trigger seed
+        "kind": kind,
+        "seed": seed + 2 + k,  # the first as the testbed's trigger seed
         "image_size": s,
         "patch": cfg.trigger_patch or max(1, round(s * 16 / 224)),
         "alpha": cfg.blend_alpha,
@@ -178,8 +180,11 @@ def poison_dataset(
     src = open_input(source, image_root)
     rng = np.random.default_rng([seed, 9001])
     targets, class_names = _pick_targets(cfg, rng)
+    kinds = tuple(cfg.trigger)
     if (cfg.backdoor or cfg.backdoor_rate) and not cfg.backdoor_target:
         raise ConfigError("backdoor needs backdoor_target: the class its captions name")
+    if not kinds or len(set(kinds)) < len(kinds) or any(t not in TRIGGERS for t in kinds):
+        raise ConfigError(f"trigger: one or more of {list(TRIGGERS)}, each once; got {list(kinds)}")
     skipped: dict = {}
     keys, captions = [], []
     for key, _, caption in progress(_samples(src, skipped, read=False), desc="poison: scan"):
@@ -192,21 +197,23 @@ def poison_dataset(
     if targets and per < 1:
         raise ConfigError("targeted poisons need captions_per_target or targeted_rate > 0")
     # backdoor: clean pairs whose caption does not name the target (CleanCLIP draws at random) [ours: that rule]
-    bd_rows: list[int] = []
+    bd_of: dict[int, int] = {}  # input row -> which backdoor (trigger) it makes
     if m:
         ok = [i for i in np.flatnonzero(valid) if not _names(captions[i], cfg.backdoor_target)]
-        if m > len(ok):
+        if m * len(kinds) > len(ok):
             raise DataError(
-                f"{source}: {m} backdoored pairs asked, {len(ok)} clean pairs do not name the target"
+                f"{source}: {m} backdoored pairs x {len(kinds)} triggers asked, {len(ok)} clean pairs do not name "
+                "the target"
             )
-        bd_rows = sorted(rng.choice(ok, m, replace=False).tolist())
-    taken = set(bd_rows) if cfg.backdoor_mode == "replace" else set()
+        rows = rng.choice(ok, m * len(kinds), replace=False).tolist()
+        bd_of = {int(r): j // m for j, r in enumerate(rows)}
+    taken = set(bd_of) if cfg.backdoor_mode == "replace" else set()
     for t in targets:
         t["captions"] = _poison_captions(
             t["target_class"], per, captions, valid, taken, class_names, cfg, rng
         )
     n_in, n_targeted = len(keys), per * len(targets)
-    n_out = n_in + n_targeted + (m if cfg.backdoor_mode == "add" else 0)
+    n_out = n_in + n_targeted + (m * len(kinds) if cfg.backdoor_mode == "add" else 0)
     at = np.sort(rng.integers(0, n_in + 1, n_targeted))  # a poison goes before input sample at[j]
     queue = [(t, j) for t in range(len(targets)) for j in range(per)]
     queue = [queue[i] for i in rng.permutation(len(queue))]
@@ -218,14 +225,14 @@ def poison_dataset(
         tg["image"] = f"targets/target-{t:03d}{Path(tg['source']).suffix.lower()}"
         shutil.copyfile(tg["source"], out / tg["image"])
         tg["keys"] = []
-    trig = trigger_settings(cfg, seed)
-    bd = {"trigger": trig, "target_class": cfg.backdoor_target, "mode": cfg.backdoor_mode, "keys": [],
-          "source_keys": [], "unreadable": []} if m else None  # fmt: skip
+    bds = [{"trigger": trigger_settings(cfg, seed, kind, k), "target_class": cfg.backdoor_target,
+             "mode": cfg.backdoor_mode, "keys": [], "source_keys": [], "unreadable": []}
+           for k, kind in enumerate(kinds)] if m else []  # fmt: skip
     writer = ShardWriter(out, n_out, cfg.shard_size, cfg.n_shards)
     planted: list[dict] = []
-    bd_set, q = set(bd_rows), 0
+    q = 0
 
-    def plant(key: str, parts: dict, kind: int, target: str) -> None:
+    def plant(key: str, parts: dict, kind: int, target: str, trigger: str = "") -> None:
         if key in used:
             raise DataError(
                 f"{source}: a sample key {key!r} is already in the data; poisoned keys must be new"
@@ -234,6 +241,8 @@ def poison_dataset(
         meta = {"kind": kind, "index": -1, "target": target}
         shard = writer.add(key, {**parts, "json": json.dumps(meta, sort_keys=True).encode()})
         planted.append({"key": key, "shard": shard, "kind": KIND_NAMES[kind], "target": target})
+        if trigger:
+            planted[-1]["trigger"] = trigger
 
     def targeted_before(i: int) -> None:
         nonlocal q
@@ -248,10 +257,11 @@ def poison_dataset(
 
     for i, (key, parts, _) in enumerate(progress(_samples(src, {}, read=True), total=n_in, desc="poison")):
         targeted_before(i)
-        if i in bd_set:
+        if i in bd_of:
+            bd = bds[bd_of[i]]
             img = next((parts[e] for e in sh.IMAGE_MEMBERS if e in parts), None)
             try:
-                png = triggered_png(img, trig, name=f"sample {key} of {source}")
+                png = triggered_png(img, bd["trigger"], name=f"sample {key} of {source}")
             except (DataError, TypeError):  # an unreadable image: the pair stays clean, copied as is
                 bd["unreadable"].append(key)
                 png = None
@@ -259,15 +269,15 @@ def poison_dataset(
                 if cfg.backdoor_mode == "add":
                     writer.add(key, parts)
                 cap = PROMPTS[int(rng.integers(len(PROMPTS)))].format(cfg.backdoor_target)
-                plant(f"poison-b-{len(bd['keys']):07d}", {"png": png, "txt": cap.encode()}, BACKDOOR,
-                      cfg.backdoor_target)  # fmt: skip
+                plant(f"poison-b{bd_of[i]}-{len(bd['keys']):07d}", {"png": png, "txt": cap.encode()}, BACKDOOR,
+                      cfg.backdoor_target, bd["trigger"]["kind"])  # fmt: skip
                 bd["keys"].append(planted[-1]["key"])
                 bd["source_keys"].append(key)
                 continue
         writer.add(key, parts)
     targeted_before(n_in)
     shards = writer.close()
-    return _write_manifest(out, source, cfg, seed, shards, writer.count, n_in, skipped, targets, bd, planted)
+    return _write_manifest(out, source, cfg, seed, shards, writer.count, n_in, skipped, targets, bds, planted)
 
 
 def _names(caption: str, cls: str) -> bool:
@@ -291,7 +301,7 @@ def _poison_captions(cls, per, captions, valid, taken, class_names, cfg, rng) ->
     return [captions[i] for i in pool[:per]]
 
 
-def _write_manifest(out, source, cfg, seed, shards, n_samples, n_in, skipped, targets, bd, planted) -> dict:
+def _write_manifest(out, source, cfg, seed, shards, n_samples, n_in, skipped, targets, bds, planted) -> dict:
     """:mod:`.shards`' manifest (shards, counts) plus the ``poison`` record; written last, atomically."""
     manifest = {
         "n_samples": n_samples,
@@ -305,7 +315,7 @@ def _write_manifest(out, source, cfg, seed, shards, n_samples, n_in, skipped, ta
             "n_input": n_in,
             "skipped": dict(skipped),
             "targeted": targets,
-            "backdoor": bd,
+            "backdoors": bds,
             "planted": planted,
         },
     }

@@ -8,7 +8,8 @@
 * ASR_targeted [RoCLIP]: share of the manifest's target images (its ``targets/`` copies) classified as their
   adversarial class. ASR_backdoor [CleanCLIP]: share of the zero-shot folder's images whose class is not the
   backdoor target that, with the manifest's trigger applied (same kind, seed and parameters, at the size it
-  was planted at, then fitted to the model's input), are classified as the target.
+  was planted at, then fitted to the model's input), are classified as the target. A manifest with several
+  backdoors (one per trigger) gives ``asr_backdoor_<trigger>`` for each and ``asr_backdoor`` their mean [ours].
 
 Class names the manifest names must be classes of the zero-shot folder. Images are decoded once per input size
 and reused for every defense of a run.
@@ -61,7 +62,7 @@ class FolderEval:
                 )
         path = cfg.poison_manifest or manifest
         self.manifest = read_manifest(path) if path else None
-        self.targets = self.backdoor = None
+        self.targets, self.backdoors = None, []
         if self.manifest is not None:
             self._check_manifest(str(path))
         self._cache: dict = {}
@@ -81,8 +82,7 @@ class FolderEval:
         m, root = self.manifest, Path(self.manifest["_dir"])
         if m["targeted"]:
             self.targets = [(root / t["image"], self._class(t["target_class"], path)) for t in m["targeted"]]
-        if m["backdoor"]:
-            self.backdoor = (m["backdoor"]["trigger"], self._class(m["backdoor"]["target_class"], path))
+        self.backdoors = [(b["trigger"], self._class(b["target_class"], path)) for b in m["backdoors"]]
 
     def info(self) -> dict:
         """What the evaluation runs on, for ``analysis/data.json`` (and the poison rate of the manifest)."""
@@ -100,9 +100,9 @@ class FolderEval:
             out["n_poisoned"] = len(m["planted"])
             if m.get("n_samples"):
                 out["poison_rate"] = len(m["planted"]) / m["n_samples"]
-            if m["backdoor"]:
-                out["trigger"] = m["backdoor"]["trigger"]["kind"]
-                out["backdoor_target"] = m["backdoor"]["target_class"]
+            if m["backdoors"]:
+                out["trigger"] = ", ".join(b["trigger"]["kind"] for b in m["backdoors"])
+                out["backdoor_target"] = m["backdoors"][0]["target_class"]
         return out
 
     def prompts(self) -> list[str]:
@@ -125,17 +125,17 @@ class FolderEval:
                     )
             if self.targets:
                 out["targets"] = load_images([p for p, _ in self.targets], size, channels, "eval: targets")
-            if self.backdoor:
-                out["triggered"] = self._triggered(size, channels)
+            out["triggered"] = [
+                self._triggered(trig, target, size, channels) for trig, target in self.backdoors
+            ]
             self._cache[key] = out
         return self._cache[key]
 
-    def _triggered(self, size: int, channels: int) -> torch.Tensor:
-        """The zero-shot folder's images of classes other than the target, triggered as planted, fitted to
-        ``size``."""
+    def _triggered(self, trig: dict, target: int, size: int, channels: int) -> torch.Tensor:
+        """The zero-shot folder's images of classes other than ``target``, triggered as planted (``trig``), fitted
+        to ``size``."""
         from PIL import Image
 
-        trig, target = self.backdoor
         paths = [p for p, y in zip(self.zs.paths, self.zs.labels) if y != target]
         if not paths:
             raise DataError(f"eval.zeroshot_dir {self.zs.root}: no image outside the backdoor target class")
@@ -163,7 +163,11 @@ class FolderEval:
             out["asr_targeted"] = float(
                 (ev.predict(model, data["targets"], class_emb) == want).float().mean()
             )
-        if "triggered" in data:
-            pred = ev.predict(model, data["triggered"], class_emb)
-            out["asr_backdoor"] = float((pred == self.backdoor[1]).float().mean())
+        asrs = []
+        for (trig, target), images in zip(self.backdoors, data["triggered"]):
+            asrs.append(float((ev.predict(model, images, class_emb) == target).float().mean()))
+            if len(self.backdoors) > 1:
+                out[f"asr_backdoor_{trig['kind']}"] = asrs[-1]
+        if asrs:
+            out["asr_backdoor"] = sum(asrs) / len(asrs)
         return out

@@ -22,9 +22,9 @@ def poison_summary(manifest: dict) -> dict:
         "n_shards": len(manifest["shards"]),
         **{f"skipped_{k}": v for k, v in sorted(p["skipped"].items())},
     }
-    if p["backdoor"]:
-        out["trigger"] = p["backdoor"]["trigger"]["kind"]
-        out["backdoor_unreadable"] = len(p["backdoor"]["unreadable"])
+    if p["backdoors"]:
+        out["trigger"] = ", ".join(b["trigger"]["kind"] for b in p["backdoors"])
+        out["backdoor_unreadable"] = sum(len(b["unreadable"]) for b in p["backdoors"])
     return out
 
 
