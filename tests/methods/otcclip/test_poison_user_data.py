@@ -176,3 +176,20 @@ def test_poison_and_evaluate_have_help():
     for cmd in ("poison", "evaluate"):
         res = CliRunner().invoke(app, ["otcclip", cmd, "--help"])
         assert res.exit_code == 0 and "Usage" in res.output
+
+
+def test_poison_a_jsonl_table_with_a_missing_image(files, tmp_path):
+    rows = list(csv.DictReader(open(files["captions"], encoding="utf-8")))[:30]
+    root = Path(files["captions"]).parent
+    lines = [json.dumps({"image": str(root / r["image"]), "caption": r["caption"]}) for r in rows]
+    lines[3] = json.dumps({"image": str(root / "gone.png"), "caption": "a photo of a coat"})
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    m = poison_dataset(
+        tmp_path / "d.jsonl", tmp_path / "out", PoisonConfig(backdoor=4, backdoor_target="bag")
+    )
+    got = _read_out(tmp_path / "out")
+    assert m["poison"]["skipped"] == {"missing_image": 1} and m["n_samples"] == len(got) == 29
+    src = set(m["poison"]["backdoors"][0]["source_keys"])
+    for n, r in enumerate(rows):
+        if n != 3 and f"{n:09d}" not in src:
+            assert got[f"{n:09d}"] == {"png": (root / r["image"]).read_bytes(), "txt": r["caption"].encode()}
