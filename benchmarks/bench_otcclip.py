@@ -8,7 +8,7 @@
    the defaults (otcclip-tiny's defense settings); ``_intra16``: the recipe's ``intra_subset`` before speed
    round 3 (16; now 12); ``_views_floor``: no inter term and one Sinkhorn iteration for the intra term (not a
    setting to train with: what the second views and re-matching cost without the OT-loss solves); ``_prev3``:
-   that and the third speed round's switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
+   that and the third set of speed switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
    ``defenses.matching.SKIP_OWN_DUPLICATE``, ``defenses.otcclip.POOL_SKIPS_INTRA_ROWS``: the step before that
    round); ``_prev``: the second round's switches off too (``reprlab.ot.sinkhorn.NUMPY_SMALL``,
    ``defenses.matching.POOL_EVAL_FORWARD``, ``defenses.losses.GROUPED_COSINE_GRAD``: the step before that
@@ -69,7 +69,7 @@ _SWITCHES = {
 
 
 def _set_switches(level: int) -> list:
-    """Turn on the switches of the speed rounds up to ``level`` (3: all, the defaults; 2: the third round's
+    """Turn on the speed switch sets up to ``level`` (3: all, the defaults; 2: the third set's
     off; 1: the second's off too); return the previous values for :func:`_set_switches_back`."""
     prev = []
     for rnd, switches in _SWITCHES.items():
@@ -106,24 +106,24 @@ def epoch_times(n_pairs: int = 500, repeats: int = 5, trained_epochs: int = 0) -
     dcfg = DefenseConfig(
         bank_size=2048, top_k=4, keep_margin=0.05, intra_subset=12, rematch_warmup=1, rematch_every=2
     )
-    intra16 = replace(dcfg, intra_subset=16)  # otcclip-tiny before speed round 3
+    intra16 = replace(dcfg, intra_subset=16)  # otcclip-tiny before the third switch set
     # a floor, not a setting to train with: no inter term and one Sinkhorn iteration for the intra term, so
     # the epoch pays for the second views (and re-matching) but almost nothing for the OT losses
     floor = replace(dcfg, lambda_inter=0.0, ot=replace(dcfg.ot, loss_tol=None, n_iters=1))
     fixed = replace(dcfg, ot=replace(dcfg.ot, match_tol=None))  # the old matching: 50 fixed iterations
     fixed_loss = replace(dcfg, ot=replace(dcfg.ot, loss_tol=None))  # the old loss OT: 50 fixed iterations
-    # the first-pass speed options off: the step as before item 8 (bitwise the same weights)
+    # the first-pass speed options off: the step before any speed switch (bitwise the same weights)
     unfused = replace(intra16, fused_ot_losses=False, reuse_own_text=False, fused_encoders=False)
-    # (label, defense, matching epoch?, config, speed rounds on (see _set_switches))
+    # (label, defense, matching epoch?, config, speed switch sets on (see _set_switches))
     runs = (
         ("clip", "none", 0, dcfg, 3),
         ("otc", "otcclip", 0, dcfg, 3),
         ("otc_match", "otcclip", 1, dcfg, 3),
         ("otc_views_floor", "otcclip", 0, floor, 3),  # what the intra term's second views alone cost
         ("otc_match_views_floor", "otcclip", 1, floor, 3),
-        ("otc_intra16", "otcclip", 0, intra16, 3),  # the recipe's intra_subset before this round
+        ("otc_intra16", "otcclip", 0, intra16, 3),  # the recipe's earlier intra_subset
         ("otc_match_intra16", "otcclip", 1, intra16, 3),
-        ("otc_prev3", "otcclip", 0, intra16, 2),  # and the third round's switches off: before this round
+        ("otc_prev3", "otcclip", 0, intra16, 2),  # and the third set's switches off
         ("otc_match_prev3", "otcclip", 1, intra16, 2),
         ("otc_prev", "otcclip", 0, intra16, 1),  # the second round's off too
         ("otc_match_prev", "otcclip", 1, intra16, 1),
@@ -427,13 +427,13 @@ def main() -> None:
                 "epoch_overhead_ratio_trained_matching": med(ep_t, "otc_match"),
                 # the floor: second views and re-matching, (almost) no OT-loss solve
                 "epoch_overhead_ratio_views_floor": med(ep, "otc_views_floor", "otc_match_views_floor"),
-                # the recipe's intra_subset before speed round 3 (16), this round's switches on
+                # the recipe's intra_subset before the third switch set (16), its switches on
                 "epoch_overhead_ratio_intra16": med(ep, "otc_intra16", "otc_match_intra16"),
                 "epoch_overhead_ratio_trained_intra16": med(ep_t, "otc_intra16", "otc_match_intra16"),
-                # before the third speed round (intra_subset 16, its three switches off)
+                # before the third switch set (intra_subset 16, its three switches off)
                 "epoch_overhead_ratio_before_round3": med(ep, "otc_prev3", "otc_match_prev3"),
                 "epoch_overhead_ratio_trained_before_round3": med(ep_t, "otc_prev3", "otc_match_prev3"),
-                # before the second speed round (its three switches off, and the third round's)
+                # before the second switch set (its three switches off, and the third set's)
                 "epoch_overhead_ratio_before_round2": med(ep, "otc_prev", "otc_match_prev"),
                 "epoch_overhead_ratio_trained_before_round2": med(ep_t, "otc_prev", "otc_match_prev"),
                 "epoch_overhead_ratio_topk16": med(ep, "otc", "otc_match_topk16"),

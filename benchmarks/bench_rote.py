@@ -21,7 +21,7 @@ log-probabilities. TransformerLens (``pip install 'reprlab[lens]'``) gets *our* 
 ratio and the max difference of the patched metrics.
 
 Defaults are the rote-fda-tiny model and batch (2 layers, d_model 64, batch 64, 16 tokens); ``--layers 4
---d-model 128 --batch 256`` is the brief's tier M.
+--d-model 128 --batch 256`` is tier M [ours].
 
 Usage: python benchmarks/bench_rote.py [--rounds 8] [--steps 10] [--batch 64] [--layers 2] [--d-model 64]
        [--threads 1] [--optimizer fused|loop]

@@ -1,5 +1,5 @@
 """Input errors reach the user as one message (and its fix) with exit status 2, before any folder is made;
-``--debug`` brings the traceback back. Each case here printed a 12-42 frame traceback before issue 10."""
+``--debug`` brings the traceback back. Each case here printed a 12-42 frame traceback before user errors were caught at the CLI."""
 
 import os
 import subprocess

@@ -266,16 +266,20 @@ def report_cmd(
 @user_errors
 def export_cmd(
     run_dir: Path = typer.Argument(..., help="A run folder written by `reprlab run`."),
-    stage: str = typer.Option(..., "--stage", help="Which trained model (CRL: refusal, rr, crl, crl_adv)."),
-    adapter: Path = typer.Option(None, "--adapter", help="Write a peft adapter folder here (PeftModel.from_pretrained on the base)."),
-    merged: Path = typer.Option(None, "--merged", help="Write the merged model with tokenizer and chat template here (AutoModelForCausalLM)."),
+    stage: str = typer.Option(..., "--stage", help="Which trained model (CRL: refusal, rr, crl, crl_adv; OTCCLIP: a defense, e.g. otcclip)."),
+    adapter: Path = typer.Option(None, "--adapter", help="CRL: write a peft adapter folder here (PeftModel.from_pretrained on the base)."),
+    merged: Path = typer.Option(None, "--merged", help="CRL: write the merged model with tokenizer and chat template here (AutoModelForCausalLM)."),
+    open_clip: Path = typer.Option(None, "--open-clip", help="OTCCLIP, model.arch=open_clip:<name>: write an open_clip model folder here (create_model_and_transforms('local-dir:OUT'))."),
+    hf: Path = typer.Option(None, "--hf", help="OTCCLIP, model.arch=hf_clip: write a transformers CLIP folder here (CLIPModel.from_pretrained)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings only."),
 ) -> None:  # fmt: skip
     """Export a trained model of a run in the formats other libraries load."""
     from reprlab.export import export_run
 
     _setup_logging(quiet)
-    outputs = {fmt: path for fmt, path in (("adapter", adapter), ("merged", merged)) if path is not None}
+    # option -> format name (reprlab.export.option); each method's FORMATS says which it writes
+    given = {"adapter": adapter, "merged": merged, "open_clip": open_clip, "hf": hf}
+    outputs = {fmt: path for fmt, path in given.items() if path is not None}
     for fmt, path in export_run(run_dir, stage, outputs).items():
         typer.echo(f"{fmt}: {path}")
 

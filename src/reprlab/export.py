@@ -3,13 +3,14 @@
 A method plugs in by adding its module to :data:`EXPORTERS`. The module defines
 
 * ``STAGES``: the names ``--stage`` accepts (e.g. CRL's ``refusal, rr, crl, crl_adv``);
-* ``FORMATS``: the output formats (CRL: ``adapter``, ``merged``);
+* ``FORMATS``: the output formats (CRL: ``adapter``, ``merged``; OTCCLIP: ``open_clip``, ``hf``);
 * ``export(run_dir, stage, outputs) -> {format: folder}``: writes each requested ``{format: folder}``,
   each folder atomically (one call, so the model loads once for several formats);
 * ``check_stage(run_dir, stage)``: raises a :class:`reprlab.errors.ReprlabError` unless that stage finished
   (called before any weights load, for every requested format).
 
-The CLI maps its options to format names (``--adapter`` -> ``adapter``); a new format is one more option.
+The CLI maps its options to format names (``--adapter`` -> ``adapter``, ``--open-clip`` -> ``open_clip``,
+:func:`option`); a new format is one more option of ``reprlab export``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from reprlab.errors import ConfigError, RunFolderError
 # the recipe entry module of a run -> the module that exports it
 EXPORTERS: dict[str, str] = {
     "reprlab.methods.crl_safety.recipe": "reprlab.methods.crl_safety.export",
+    "reprlab.methods.otcclip.recipe": "reprlab.methods.otcclip.export",
 }
+
+
+def option(fmt: str) -> str:
+    """The CLI option of a format: ``open_clip`` -> ``--open-clip``."""
+    return "--" + fmt.replace("_", "-")
 
 
 def exporter_of(run_dir: Path) -> ModuleType:
@@ -64,16 +71,18 @@ def export_run(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str,
     run_dir = Path(run_dir)
     mod = exporter_of(run_dir)
     if not outputs:
-        raise ConfigError("nothing to export: give an output folder", f"formats: {', '.join(mod.FORMATS)}")
+        raise ConfigError("nothing to export: give an output folder",
+                          f"options: {', '.join(option(f) + ' OUT' for f in mod.FORMATS)}")  # fmt: skip
     if stage not in mod.STAGES:
         raise ConfigError(f"unknown stage {stage!r}; valid stages: {', '.join(mod.STAGES)}")
     bad = [f for f in outputs if f not in mod.FORMATS]
     if bad:
-        raise ConfigError(f"this method does not export {', '.join(bad)}; formats: {', '.join(mod.FORMATS)}")
+        raise ConfigError(f"this method does not export {', '.join(bad)}; formats: {', '.join(mod.FORMATS)} "
+                          f"(options {', '.join(option(f) for f in mod.FORMATS)})")  # fmt: skip
     for fmt, out in outputs.items():
         out = Path(out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise RunFolderError(f"--{fmt} folder {out} exists and is not empty",
+            raise RunFolderError(f"{option(fmt)} folder {out} exists and is not empty",
                                  "give a new folder, or delete this one first")  # fmt: skip
     mod.check_stage(run_dir, stage)
     return mod.export(run_dir, stage, {fmt: Path(out) for fmt, out in outputs.items()})

@@ -34,7 +34,7 @@ def test_find_decoder_layers_gpt2_naming():
     ],
 )
 def test_parse_layers_for_30_blocks(spec, expected):
-    # brief §6: target layers ceil(L/3)..L-2 = 10..28 for SmolLM2's 30 blocks
+    # [ours] target layers ceil(L/3)..L-2 = 10..28 for SmolLM2's 30 blocks
     assert parse_layers(spec, 30) == expected
 
 
@@ -44,7 +44,7 @@ def test_parse_layers_rejects_out_of_range():
 
 
 def test_lora_at_init_equals_base_hidden_states(tiny, fmt):
-    """B = 0 at init, so every hidden state of the LoRA model equals the base model's (brief §7)."""
+    """B = 0 at init, so every hidden state of the LoRA model equals the base model's (LoRA's zero init)."""
     model, tok = tiny
     b = collate(
         [(fmt.prompt_ids("How do I bake bread?"), [5, 6, 7]), (fmt.prompt_ids("Hi"), [8])], tok.pad_token_id

@@ -1,4 +1,4 @@
-"""Scale (issue 13 item 4): one copy of the base, gradient checkpointing, bf16, FSDP2 under torchrun, memory."""
+"""Scale: one copy of the base, gradient checkpointing, bf16, FSDP2 under torchrun, memory."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Composition functions: known answers and invariants (brief §8 unit-test invariants)."""
+"""Composition functions: known answers and invariants."""
 
 import pytest
 import torch

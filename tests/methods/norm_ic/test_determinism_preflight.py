@@ -12,7 +12,7 @@ from reprlab.runner import execute
 
 
 def test_sgns_is_deterministic_for_a_seed():
-    """Issue 14: gensim with 2 workers gave different vectors run to run (25 summary keys differed)."""
+    """gensim with 2 workers once gave different vectors run to run (25 summary keys differed)."""
     corpus = corpus_sentences("lee")[:150]
     a, ca = train_sgns(corpus, vector_size=16, epochs=1, min_count=3, seed=0)
     b, cb = train_sgns(corpus, vector_size=16, epochs=1, min_count=3, seed=0)

@@ -1,4 +1,4 @@
-"""Centring and Zipfian whitening: the invariants of Yokoi et al. and the leverage artefact (brief §8)."""
+"""Centring and Zipfian whitening: the invariants of Yokoi et al. and the leverage artefact."""
 
 import pytest
 import torch

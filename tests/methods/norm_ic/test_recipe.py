@@ -53,7 +53,7 @@ def test_glove_correlation_matches_scipy_on_raw_arrays(tiny_run):
 
 
 def test_same_seed_same_summary(tiny_run, tmp_path):
-    """Issue 14: two identical runs differed in 25 ``sgns.*`` keys (gensim with 2 workers). Now bit-identical."""
+    """Two identical runs once differed in 25 ``sgns.*`` keys (gensim with 2 workers). Now bit-identical."""
     again = execute("normic-tiny", SMALL, out=tmp_path / "again", quiet=True)
     a = json.loads((tiny_run / "summary.json").read_text())
     b = json.loads((again / "summary.json").read_text())
@@ -141,7 +141,7 @@ def test_full_normic_tiny_with_smollm2(tmp_path):
     ):
         assert np.isfinite(s[key]), key
     assert (run_dir / "analysis" / "lm_ic.json").exists()
-    # issue 14 on the shipped recipe: nulls on every decoder row, CER CIs over documents, claims evaluated
+    # the shipped recipe: nulls on every decoder row, CER CIs over documents, claims evaluated
     for comp in ("sum", "ind", "joint"):
         assert s[f"smollm2_L30.{comp}.verdict"] in (-1, 0, 1)
         assert np.isfinite(s[f"smollm2_L30.{comp}.null_random.spearman"])

@@ -16,6 +16,7 @@ import torch
 
 from reprlab.cli import execute
 from reprlab.errors import ModelNotAvailableError
+from reprlab.jsonfile import null_as_nan
 from reprlab.methods.norm_ic.extract import extract_states
 from reprlab.models.hf import _resolve
 from reprlab.models.sentence import is_sentence_transformer, load_sentence_pipeline
@@ -87,7 +88,7 @@ def runs(tmp_path_factory):
         folder = execute(
             "normic-tiny", [*SMALL, f"encoder.pooling={pooling}"], out=root / pooling, quiet=True
         )
-        out[pooling] = json.loads((folder / "summary.json").read_text())
+        out[pooling] = null_as_nan(json.loads((folder / "summary.json").read_text()))  # null (+ reason) = NaN
     return out
 
 

@@ -1,6 +1,6 @@
 """Truncation is never silent: long texts keep every piece the model accepts, cuts raise or warn with counts.
 
-Issue 14: ``max_pieces=64`` silently cut the length experiment's prefixes, which manufactured part of the CLS
+``max_pieces=64`` once silently cut the length experiment's prefixes, which manufactured part of the CLS
 "fixed point". The oracle for the kept states is the model run directly on the whole sequence.
 """
 

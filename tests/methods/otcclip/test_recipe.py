@@ -124,7 +124,7 @@ def _audit_cli_on_user_files(tmp_path, run_dir):
 
 
 def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts():
-    """Seed 0 of issue 11's table: attacked, defended, but OTCCLIP's accuracy is the worst -> known verdicts."""
+    """Seed 0 of the ten-seed table (docs/otcclip.md): attacked, defended, but OTCCLIP's accuracy is the worst -> known verdicts."""
     from reprlab.results.claims import evaluate_claims, parse_claims
 
     spec = yaml.safe_load(YAML.read_text())

@@ -1,5 +1,5 @@
 """Webdataset shards: what is written is what streams back (each sample exactly once across DataLoader
-workers and ranks), webdataset's own reader and the audit loader agree, and the stream reads lazily."""
+workers and ranks), webdataset's own reader and the audit loader agree (reading itself: test_shard_reader.py)."""
 
 import json
 
@@ -11,6 +11,7 @@ from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.mosaic import make_mosaics
 from reprlab.methods.otcclip.data.pairs import SignatureIndex
 from reprlab.methods.otcclip.data.poison import add_backdoor
+from reprlab.methods.otcclip.data.shard_reader import expand_shards
 
 
 @pytest.fixture
@@ -60,64 +61,6 @@ def test_shuffle_buffer_permutes_and_keeps_every_sample(pairs, tmp_path):
     assert plain == list(range(23)) and sorted(mixed) == plain and mixed != plain
 
 
-def test_stream_reads_lazily(pairs, tmp_path, monkeypatch):
-    """The first sample arrives after opening one shard: nothing is preloaded."""
-    sh.write_shards(pairs, tmp_path, shard_size=5)
-    opened = []
-    real = sh._ustar_members
-    monkeypatch.setattr(sh, "_ustar_members", lambda p: opened.append(p) or real(p))
-    it = iter(sh.ShardStream(tmp_path))
-    first = next(it)
-    assert first["index"] == 0 and len(opened) == 1
-    rest = list(it)
-    assert len(rest) == 22 and len(opened) == 5
-
-
-def test_fast_tar_reader_equals_tarfile_and_falls_back_on_other_headers(pairs, tmp_path):
-    """Our ustar shards are parsed without tarfile, a pax long-name shard and a GNU shard fall back to it, a
-    directory member is skipped; every case yields what tarfile reads (the oracle)."""
-    import io
-    import tarfile
-
-    def oracle(path):
-        with tarfile.open(path) as tf:
-            names = [
-                (m.name.rsplit("/", 1)[-1], tf.extractfile(m).read()) for m in tf.getmembers() if m.isfile()
-            ]
-        return list(sh._group(names))
-
-    ours = sh.write_shards(pairs, tmp_path / "ours", shard_size=10)[0]
-    assert list(sh.read_members(ours)) == oracle(ours) and len(oracle(ours)) == 10
-    assert len(list(sh._ustar_members(ours))) == 30  # parsed by the fast path itself
-    for fmt, name in (
-        (tarfile.PAX_FORMAT, "k" * 120),
-        (tarfile.GNU_FORMAT, "g" * 120),
-        (tarfile.USTAR_FORMAT, "short"),
-    ):
-        path = tmp_path / f"{fmt}.tar"
-        with tarfile.open(path, "w", format=fmt) as tf:
-            d = tarfile.TarInfo("sub")
-            d.type = tarfile.DIRTYPE
-            tf.addfile(d)
-            for key in ("a0", "b1", name, "z9"):  # "a0" is yielded before the fallback starts
-                for ext, data in (("png", b"img-" + key.encode()), ("txt", key.encode())):
-                    info = tarfile.TarInfo(f"sub/{key}.{ext}")
-                    info.size = len(data)
-                    tf.addfile(info, io.BytesIO(data))
-        got = list(sh.read_members(path))
-        assert got == oracle(path) and [k for k, _ in got] == ["a0", "b1", name, "z9"], fmt
-    broken = tmp_path / "broken.tar"
-    broken.write_bytes(
-        ours.read_bytes()[:512] + b"x" * 10 + ours.read_bytes()[522:]
-    )  # corrupt the first data
-    assert len(list(sh.read_members(broken))) == 10  # data corruption is not header corruption: still read
-    bad_header = bytearray(ours.read_bytes())
-    bad_header[0] ^= 0xFF  # the checksum no longer matches: left to tarfile, which rejects it
-    (tmp_path / "bad.tar").write_bytes(bytes(bad_header))
-    with pytest.raises(tarfile.TarError):
-        list(sh.read_members(tmp_path / "bad.tar"))
-
-
 def test_shards_are_reproducible_and_read_by_webdataset_and_the_audit_loader(pairs, tmp_path):
     a = sh.write_shards(pairs, tmp_path / "a", shard_size=10)
     b = sh.write_shards(pairs, tmp_path / "b", shard_size=10)
@@ -150,7 +93,7 @@ def test_bad_sample_and_arguments_raise(tmp_path, pairs):
     with pytest.raises(ValueError, match="lacks"):
         list(sh.read_samples(tmp_path / "bad.tar"))
     with pytest.raises(FileNotFoundError):
-        sh.shard_paths(tmp_path / "empty_dir_that_is_missing")
+        expand_shards(tmp_path / "empty_dir_that_is_missing")
 
 
 def test_make_shards_cli_writes_the_poisoned_testbed(tmp_path):

@@ -1,4 +1,4 @@
-"""The OTCCLIP speed paths (item 8) compute what the plain paths compute: the lazy pool gathers the rows a
+"""The OTCCLIP speed paths compute what the plain paths compute: the lazy pool gathers the rows a
 concatenation would, trimming all-padding columns leaves re-matching unchanged, the fused OT loss solve
 equals separate solves, and fused encoder calls / reused own-caption features change nothing but the
 number of forward passes.
@@ -150,7 +150,7 @@ def test_pool_text_features_in_eval_mode_equal_the_training_mode_forward(items, 
 
 @pytest.mark.parametrize("epoch", [0, 1])  # a non-matching and a matching epoch
 def test_second_round_switches_leave_the_epoch_unchanged(items, monkeypatch, epoch):
-    """The second speed round's switches (NumPy Sinkhorn blocks, eval-mode pool encode, one-node OT-loss
+    """The second set of speed switches (NumPy Sinkhorn blocks, eval-mode pool encode, one-node OT-loss
     backward) on vs off, with the defaults (loss OT to its tolerance, re-matching to match_tol): same losses,
     assignments and weights up to float rounding."""
     import importlib

@@ -26,6 +26,7 @@ import torch
 from reprlab.errors import ConfigError, DataError, DataFileMissingError
 from reprlab.methods.otcclip.config import DefenseConfig, OTConfig, StreamConfig
 from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data.shard_reader import iter_shard
 from reprlab.methods.otcclip.data.sources import ShardSource
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
@@ -316,7 +317,7 @@ def test_small_clean_sets_are_cut_into_a_multiple_of_the_slots(items, tmp_path):
     for n, size, slots in ((9, 265, 4), (20, 265, 8), (9, 2, 2), (24, 10, 4)):
         k = sh.clean_shard_count(n, size, slots)
         paths = sh.write_clean_shards(_clean_mosaics(items, n), tmp_path / f"{n}-{size}-{slots}", size, slots)
-        counts = [sum(1 for _ in sh.read_members(p)) for p in paths]
+        counts = [sum(1 for _ in iter_shard(p)) for p in paths]
         assert len(paths) == k and k % slots == 0, (n, size, slots, counts)
         assert sum(counts) == n and max(counts) - min(counts) <= 1 and max(counts) <= size
     with pytest.raises(ValueError, match="cannot give each of 4 stream slots"):

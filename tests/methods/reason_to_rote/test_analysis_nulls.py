@@ -215,7 +215,7 @@ def test_head_ablation_correlation_is_compared_with_unrelated_metrics():
     assert -1 <= res["corr"] <= 1 and -1 <= res["corr_null_unrelated"] <= 1
 
 
-# ---------------------------------------------------------------- label-permuted null (issue 12, item 2)
+# ---------------------------------------------------------------- label-permuted null
 
 
 def test_permute_labels_gives_every_item_another_items_answer():

@@ -89,7 +89,7 @@ def test_early_stop_is_kept_on_resume(tmp_path):
 def test_stop_rule_needs_generalisation_as_well_as_memorisation(tmp_path):
     tr, te = _data()
     # stop_memorized=0 holds at the first evaluation; a validation EM threshold of 1.01 never does, so the
-    # run must train to the end instead of stopping on memorisation alone (issue 12, seed 0: test EM 0.13)
+    # run must train to the end instead of stopping on memorisation alone (seed 0 once memorised without generalising: test EM 0.13)
     cfg = TrainConfig(steps=6, batch_size=32, eval_every=2, ckpt_every=5, snapshot_every=0, stop_memorized=0.0,
                       stop_generalized=1.01)  # fmt: skip
     res = train(_model(), tr, te, cfg, Run.create(tmp_path / "g", _Cfg(), "t", quiet=True), seed=0, val=te)

@@ -1,5 +1,5 @@
 """Run folders never mix or lose results: lock, --resume/--out/--overwrite checks, corrupt checkpoints,
-damaged metrics, file modes. Each test here fails on the run folder code before issue 10."""
+damaged metrics, file modes. Each test here fails on the run folder code before the single-writer lock and exact resume."""
 
 import json
 import os

@@ -1,4 +1,5 @@
-"""Typer sub-app mounted by the main CLI as ``reprlab otcclip ...``."""
+"""Typer sub-app mounted by the main CLI as ``reprlab otcclip audit | make-shards | poison | evaluate``
+(command bodies in ``pipeline/``)."""
 
 from __future__ import annotations
 
@@ -113,3 +114,105 @@ def make_shards(
         # fine-tunes CleanCLIP on with data.clean_finetune_pairs at this seed
         paths = write_clean_shards(bed.clean, clean_out, shard_size, clean_slots, seed if shuffle else None)
         typer.echo(f"wrote {len(bed.clean)} clean fine-tuning samples in {len(paths)} shards to {clean_out}")
+
+
+@app.command("poison")
+def poison(
+    data: str = typer.Argument(
+        ...,
+        help="webdataset shards (a folder, one .tar, or a brace pattern shard-{000000..000009}.tar) or a "
+        "CSV/TSV/JSONL of (image path, caption)",
+    ),
+    out: Path = typer.Argument(
+        ..., help="new folder for the poisoned .tar shards, targets/ and manifest.json"
+    ),
+    target: list[str] = typer.Option(
+        None, "--target", help="a target image file (repeat; needs --adv-class)"
+    ),
+    targets_from: str = typer.Option(
+        "", help="ImageFolder (class sub-folders) to pick --n-targets targets from"
+    ),
+    n_targets: int = typer.Option(0, min=0, help="targets picked from --targets-from (seeded)"),
+    class_names: str = typer.Option("", help="JSON of --targets-from's class names ('' = folder names)"),
+    adv_class: str = typer.Option("", help="adversarial caption class ('' = random other class per target)"),
+    captions_per_target: int = typer.Option(
+        0, "--captions-per-target", "-n", min=0, help="poison pairs per target"
+    ),
+    targeted_rate: float = typer.Option(
+        0.0, min=0.0, help="or: targeted pairs as a share of the clean pairs"
+    ),
+    caption_source: str = typer.Option(
+        "corpus", help="'corpus' (the data's captions naming the class) or 'templates'"
+    ),
+    backdoor: int = typer.Option(0, min=0, help="backdoored pairs"),
+    backdoor_rate: float = typer.Option(
+        0.0, min=0.0, help="or: backdoored pairs as a share of the clean pairs"
+    ),
+    backdoor_target: str = typer.Option("", help="class the backdoor captions name"),
+    backdoor_mode: str = typer.Option(
+        "replace", help="'replace' the clean pair, or 'add' the poison beside it"
+    ),
+    trigger: list[str] = typer.Option(
+        None,
+        help="badnets (default), badnets_random, blended, sig or wanet; repeat for one backdoor per trigger",
+    ),
+    image_size: int = typer.Option(224, min=8, help="backdoored images fitted to this size, then triggered"),
+    trigger_patch: int = typer.Option(0, min=0, help="BadNets patch side (0 = 16/224 of --image-size)"),
+    shard_size: int = typer.Option(1000, min=1, help="samples per output shard"),
+    n_shards: int = typer.Option(
+        0, min=0, help="exactly this many output shards instead (0 = by --shard-size)"
+    ),
+    image_root: str = typer.Option(
+        "", help="folder a table's image paths are relative to ('' = the table's)"
+    ),
+    seed: int = typer.Option(0, help="seed of the choices (targets, pairs, places) and of the trigger"),
+) -> None:
+    """Plant targeted poisons and a backdoor in your image-caption data; write them as shards with a manifest.json
+    of exactly what was planted (read by `reprlab otcclip evaluate` and the recipes' eval.poison_manifest).
+    Clean samples are copied byte for byte."""
+    from reprlab.config.load import load_config
+    from reprlab.methods.otcclip.config import PoisonConfig
+    from reprlab.methods.otcclip.pipeline.poison import poison_command
+
+    cfg = load_config(PoisonConfig, dict(  # the config's checks: ranges and choices, naming the option
+        targets=list(target or ()), targets_from=targets_from, n_targets=n_targets, class_names=class_names,
+        adv_class=adv_class, captions_per_target=captions_per_target, targeted_rate=targeted_rate,
+        caption_source=caption_source, backdoor=backdoor, backdoor_rate=backdoor_rate,
+        backdoor_target=backdoor_target, backdoor_mode=backdoor_mode, trigger=list(trigger or ['badnets']),
+        image_size=image_size,
+        trigger_patch=trigger_patch, shard_size=shard_size, n_shards=n_shards,
+    ))  # fmt: skip
+    summary = poison_command(data, out, cfg, seed, image_root)
+    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(
+        f"wrote {summary['n_samples']} samples in {summary['n_shards']} shards and manifest.json to {out}"
+    )
+
+
+@app.command("evaluate")
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="an otcclip run folder"),
+    zeroshot: str = typer.Option("", "--zeroshot", help="ImageFolder for zero-shot and the backdoor ASR"),
+    class_names: str = typer.Option("", help="JSON of class names (list or folder -> name)"),
+    templates: str = typer.Option("", help="prompt template file ('clip80' = CLIP's 80 ImageNet templates)"),
+    probe_train: str = typer.Option("", help="ImageFolder the linear probe is fitted on"),
+    probe_test: str = typer.Option(
+        "", help="ImageFolder the linear probe is scored on (default: --zeroshot)"
+    ),
+    manifest: str = typer.Option("", help="poison manifest.json (or its folder) for both ASRs"),
+    max_per_class: int = typer.Option(None, min=0, help="at most this many images per class (0 = all)"),
+    defense: list[str] = typer.Option(None, "--defense", help="only these defenses (repeat; default: all)"),
+    out: Path = typer.Option(None, help="folder for folder_eval.json (default: RUN_DIR/eval)"),
+) -> None:
+    """Evaluate a run's defenses on your labelled images: zero-shot, linear probe, and the targeted and backdoor
+    ASRs of a poison manifest. Options left out take the run's eval.* settings."""
+    from reprlab.methods.otcclip.pipeline.evaluate import evaluate_run, table
+
+    overrides = {
+        "zeroshot_dir": zeroshot, "class_names": class_names, "templates": templates,
+        "probe_train_dir": probe_train, "probe_test_dir": probe_test, "poison_manifest": manifest,
+        "max_per_class": max_per_class,
+    }  # fmt: skip
+    summary = evaluate_run(run_dir, overrides, defense or None, out)
+    typer.echo(table(summary))
+    typer.echo(f"wrote {(out or run_dir / 'eval') / 'folder_eval.json'}")

@@ -19,7 +19,9 @@ from reprlab.methods.otcclip.config.defense import (
     OTConfig,
     whole_set_options,
 )
+from reprlab.methods.otcclip.config.eval import EvalConfig
 from reprlab.methods.otcclip.config.model import ModelConfig
+from reprlab.methods.otcclip.config.poison import PoisonConfig
 from reprlab.methods.otcclip.config.stream import StreamConfig
 from reprlab.methods.otcclip.config.train import TrainConfig
 
@@ -27,7 +29,7 @@ from reprlab.methods.otcclip.config.train import TrainConfig
 @dataclass(frozen=True)
 class Config:
     """The whole recipe: top-level keys, then one section per part (``data``, ``model``, ``train``, ``defense``,
-    ``stream``)."""
+    ``stream``, ``poison``, ``eval``)."""
 
     seed: int = field(default=0, metadata={"help": "seed for data, poisons, init and order"})
     device: str = field(default="auto", metadata={"help": "'auto', 'cpu' or 'cuda'"})
@@ -43,6 +45,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     defense: DefenseConfig = field(default_factory=DefenseConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    poison: PoisonConfig = field(default_factory=PoisonConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 __all__ = [
@@ -51,8 +55,10 @@ __all__ = [
     "Config",
     "DataConfig",
     "DefenseConfig",
+    "EvalConfig",
     "ModelConfig",
     "OTConfig",
+    "PoisonConfig",
     "StreamConfig",
     "TrainConfig",
     "whole_set_options",

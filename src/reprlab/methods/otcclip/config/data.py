@@ -13,8 +13,11 @@ class DataConfig:
     testbed: str = field(
         default="fashion_mnist",
         metadata={
-            "help": "'fashion_mnist' (real items), 'shapes' (generated, tint recommended) or 'none' (train on "
-            "stream.source only; no zero-shot / probe / ASR evaluation)"
+            "help": "'fashion_mnist' (real items), 'shapes' (generated, tint recommended), 'none' (train on "
+            "stream.source only; evaluated on the eval.* folders if given) or 'files' [ours]: Fashion-MNIST written "
+            "as a user's PNG files + captions.csv + ImageFolders (n_pairs training images, n_probe_train probe "
+            "images, n_eval test images), streamed and evaluated on those folders",
+            "choices": ["fashion_mnist", "shapes", "none", "files"],
         },
     )
     n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})

@@ -10,8 +10,8 @@ class StreamConfig:
     source: str = field(
         default="",
         metadata={
-            "help": "training data to stream: a folder of webdataset .tar shards, one .tar, or a CSV/TSV/JSONL of "
-            "(image path, caption); '' = the in-memory testbed (or the shards written by write_shards)"
+            "help": "training data to stream: a folder of webdataset .tar shards, one .tar, a brace pattern "
+            "(shards/train-{000000..000099}.tar), or a CSV/TSV/JSONL of (image path, caption); '' = the in-memory testbed (or the shards written by write_shards)"
         },
     )
     write_shards: bool = field(
@@ -28,6 +28,15 @@ class StreamConfig:
             "clean phases (same formats; e.g. `reprlab otcclip make-shards --clean-finetune-pairs`); other "
             "defenses ignore it; replaces the testbed's data.clean_finetune_pairs set (which, when this is '', "
             "is written as shards and streamed); '' and no such set = fine-tune on stream.source"
+        },
+    )
+    on_bad_sample: str = field(
+        default="skip",
+        metadata={
+            "help": "a corrupt or truncated shard, a corrupt image or an unparsable member: 'skip' counts it by "
+            "reason (data_skipped_<reason> in metrics and summary) and goes on; 'error' stops the run naming the "
+            "shard (member names that are absolute or contain '..' always stop it)",
+            "choices": ["skip", "error"],
         },
     )
     shard_size: int = field(

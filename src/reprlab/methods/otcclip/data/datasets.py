@@ -13,7 +13,8 @@ run summary. Reasons: ``missing_image`` (file absent or no image member), ``unre
 ``missing_image_path`` (empty path field / no path key), ``missing_caption`` (no caption field, member or
 key), ``empty_caption``, ``caption_too_long`` (over :data:`MAX_CAPTION_CHARS`), ``non_utf8`` (a line or
 caption that is not UTF-8), ``bad_row`` (unparsable CSV line or JSON), ``short_row`` (a CSV row with fewer
-fields than the caption/image column), ``unreadable_shard``. File-level problems raise
+fields than the caption/image column), ``unreadable_shard``, ``truncated_shard``, ``duplicate_member`` (shards
+are read through webdataset, with its keys: docs/shards.md). File-level problems raise
 :class:`reprlab.errors.DataError` naming the file: no recognised image or caption column in a CSV/TSV header
 (the message lists the expected names and the ones found), an empty file, an unsupported format, or nothing
 valid at all. A header line that is not UTF-8 is decoded with replacement characters (noted in
@@ -26,7 +27,6 @@ import csv
 import glob
 import io
 import json
-import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +36,7 @@ import torch
 
 from reprlab.errors import ConfigError, DataError
 from reprlab.methods.otcclip.data.pairs import PairSet, SignatureIndex
+from reprlab.methods.otcclip.data.shard_reader import IMAGE_MEMBERS, expand_shards, iter_shard
 
 # [ours] a caption longer than this is not a caption (the csv module's default field limit, 128 KiB)
 MAX_CAPTION_CHARS = 128 * 1024
@@ -168,23 +169,16 @@ def _pick(row: dict, names: tuple[str, ...]) -> str | None:
 
 
 def _tar_members(paths: list[Path], report: LoadReport):
-    """Yield (key, image bytes, caption or None) from webdataset shards."""
+    """Yield (``shard:key``, image bytes, caption member or None) from webdataset shards, read through webdataset
+    (:mod:`.shard_reader`: webdataset's keys; an absolute or ``..`` member name refuses the shard)."""
     for p in paths:
-        try:
-            tf = tarfile.open(p)
-        except (tarfile.TarError, OSError) as err:
-            report.skip("unreadable_shard", f"{p.name}: {err}")
-            continue
-        groups: dict[str, dict[str, bytes]] = {}
-        with tf:
-            for m in tf.getmembers():
-                if not m.isfile():
-                    continue
-                key, _, ext = m.name.partition(".")
-                groups.setdefault(key, {})[ext.lower()] = tf.extractfile(m).read()
-        for key, parts in groups.items():
-            img = next((parts[e] for e in ("jpg", "jpeg", "png", "webp", "bmp") if e in parts), None)
-            yield f"{p.name}:{key}", img, parts.get("txt", parts.get("json"))
+        skip: Counter = Counter()
+        for sample in iter_shard(p, skip):
+            img = next((sample[e] for e in IMAGE_MEMBERS if e in sample), None)
+            yield f"{p.name}:{sample['__key__']}", img, sample.get("txt", sample.get("json"))
+        for reason, n in skip.items():
+            for _ in range(n):
+                report.skip(reason, p.name)
 
 
 def load_pairs(
@@ -242,6 +236,8 @@ def load_pairs(
     if max_items is not None and max_items < 1:
         raise ConfigError(f"max_items must be >= 1 (or None for all); got {max_items}")
     shards = sorted(glob.glob(str(source))) if any(c in str(source) for c in "*?[") else None
+    if "{" in str(source):  # a webdataset brace pattern: every shard it names must exist
+        shards = [str(p) for p in expand_shards(str(source))]
     if shards is not None and not shards:
         raise DataMissingError(f"dataset glob {source} matches no file")
     if shards is None and not src.exists():

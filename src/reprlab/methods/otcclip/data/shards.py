@@ -1,17 +1,18 @@
 """Image-caption pairs as webdataset tar shards, and a streaming dataset over shards [ours].
 
 Layout (the webdataset convention, so ``webdataset.WebDataset`` and ``reprlab otcclip audit`` read it): POSIX
-tar files ``{prefix}-{i:06d}.tar``; a sample is consecutive members sharing a key (the file name up to the
-first dot): ``{key}.png`` (lossless PNG, greyscale or RGB), ``{key}.txt`` (the caption, UTF-8) and
-``{key}.json`` (``index``, ``kind`` 0 clean / 1 targeted / 2 backdoor, ``image_id``, ``sig``: provenance for
+tar files ``{prefix}-{i:06d}.tar``; a sample is consecutive members sharing a key (the member path up to the
+first dot of its file name; reading is :mod:`.shard_reader`, through webdataset): ``{key}.png`` (lossless PNG,
+greyscale or RGB), ``{key}.txt`` (the caption, UTF-8) and ``{key}.json`` (``index``, ``kind`` 0 clean / 1 targeted / 2 backdoor, ``image_id``, ``sig``: provenance for
 diagnostics, never seen by a defense). Shards are written with the standard library's ``tarfile`` (no
 webdataset dependency), with fixed member metadata so the same pairs give byte-identical shards, and each
 shard is written under a temporary name and renamed, so a crash never leaves a truncated ``.tar``.
 ``manifest.json`` lists the shards, the sample count, the count of poisoned samples and the class names.
 
 :class:`ShardStream` is a ``torch.utils.data.IterableDataset``: its shards are split across ranks, then
-across DataLoader workers, and each worker reads its shards sequentially in tar streaming mode, one sample
-at a time, so memory holds one sample per worker (plus the optional shuffle buffer), never the dataset.
+across DataLoader workers (webdataset's ``split_by_node`` / ``split_by_worker``), and each worker reads its
+shards sequentially in tar streaming mode, one sample at a time, so memory holds one sample per worker (plus
+the optional shuffle buffer), never the dataset.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from webdataset.shardlists import split_by_node, split_by_worker
 
 from reprlab.methods.otcclip.data.pairs import PairSet
+from reprlab.methods.otcclip.data.shard_reader import expand_shards, iter_shard, parts, split_sample
 
 MANIFEST = "manifest.json"
 
@@ -148,111 +152,25 @@ def write_clean_shards(
     return write_shards(pairs, out, size, prefix="clean", shuffle_seed=shuffle_seed, n_shards=n_shards)
 
 
-def shard_paths(source: Path | str) -> list[Path]:
-    """A folder's ``*.tar`` shards (sorted), or the given shard file."""
-    source = Path(source)
-    if not source.exists():
-        raise FileNotFoundError(f"no shard or folder at {source}")
-    paths = sorted(source.glob("*.tar")) if source.is_dir() else [source]
-    if not paths:
-        raise FileNotFoundError(f"no .tar shards in {source}")
-    return paths
-
-
-IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "bmp")
-
-
-def read_members(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(key, {extension: bytes})`` per sample of one shard, in order, reading the tar sequentially.
-
-    Plain ustar members (what this module and webdataset's writer produce for short ASCII names) are parsed
-    directly, 3x faster than ``tarfile`` (whose header parsing was a third of a streamed epoch); on anything
-    else (pax or GNU long-name headers, a bad checksum, base-256 sizes) the shard is re-read with ``tarfile``
-    from the first sample not yet yielded.
-    """
-    done = 0
-    try:
-        for group in _group(_ustar_members(path)):
-            yield group
-            done += 1
-    except _NotPlain:
-        with tarfile.open(path, "r|") as tf:
-            members = ((Path(m.name).name, tf.extractfile(m).read()) for m in tf if m.isfile())
-            for i, group in enumerate(_group(members)):
-                if i >= done:
-                    yield group
-
-
-class _NotPlain(Exception):
-    """A tar header the fast reader leaves to ``tarfile``."""
-
-
-def _ustar_members(path: Path) -> Iterator[tuple[str, bytes]]:
-    """``(file name, bytes)`` of the regular members of a plain ustar/v7 tar."""
-    with open(path, "rb") as f:
-        while True:
-            hdr = f.read(512)
-            if len(hdr) < 512 or hdr.count(0) == 512:
-                return
-            if hdr[124] & 0x80 or sum(hdr[:148]) + 256 + sum(hdr[156:]) != int(
-                hdr[148:156].strip(b" \0") or b"-1", 8
-            ):
-                raise _NotPlain
-            kind = hdr[156:157]
-            size = int(hdr[124:136].strip(b" \0") or b"0", 8)
-            if kind not in (b"0", b"\0", b"5"):
-                raise _NotPlain
-            data = f.read(size)
-            f.seek((-size) % 512, 1)
-            if kind != b"5":
-                yield Path(hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")).name, data
-
-
-def _group(members) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Consecutive members sharing a key (the file name up to the first dot) as one sample."""
-    key, parts = None, {}
-    for name, data in members:
-        k, _, ext = name.partition(".")
-        if key is not None and k != key:
-            yield key, parts
-            parts = {}
-        key = k
-        parts[ext.lower()] = data
-    if key is not None:
-        yield key, parts
-
-
-def split_sample(parts: dict[str, bytes]) -> tuple[bytes | None, str | None, dict]:
-    """A sample's ``(image bytes, caption, metadata)``; the caption is the ``.txt`` member, else the
-    ``caption``/``text`` field of the ``.json`` member (the img2dataset layout). ``None`` where absent.
+def read_samples(path: Path, skip: Counter | None = None, on_bad: str = "skip") -> Iterator[dict]:
+    """Decoded samples of one shard, in order (:func:`~.shard_reader.iter_shard`, webdataset's keys).
 
     Raises:
-        UnicodeDecodeError, ValueError: a caption that is not UTF-8, a ``.json`` member that is not JSON.
+        ValueError: a sample without an image or a caption member (named with its shard and key).
     """
-    image = next((parts[e] for e in IMAGE_MEMBERS if e in parts), None)
-    meta = json.loads(parts["json"]) if "json" in parts else {}
-    meta = meta if isinstance(meta, dict) else {}
-    if "txt" in parts:
-        caption = parts["txt"].decode("utf-8")
-    else:
-        caption = next((str(meta[k]) for k in ("caption", "text") if meta.get(k) is not None), None)
-    return image, caption, meta
+    for sample in iter_shard(path, skip, on_bad):
+        yield _sample(sample, path)
 
 
-def read_samples(path: Path) -> Iterator[dict]:
-    """Samples of one shard, in order, reading the tar sequentially (streaming mode)."""
-    for key, parts in read_members(path):
-        yield _sample(key, parts, path)
-
-
-def _sample(key: str, parts: dict[str, bytes], path: Path) -> dict:
-    image, caption, meta = split_sample(parts)
+def _sample(sample: dict, path: Path) -> dict:
+    image, caption, meta = split_sample(sample)
     if image is None or caption is None:
         raise ValueError(
-            f"{path.name}: sample {key!r} lacks an image or a caption member (has {sorted(parts)})"
+            f"{Path(path).name}: sample {sample['__key__']!r} lacks an image or a caption member "
+            f"(has {sorted(parts(sample))})"
         )
     return {
-        "key": key,
+        "key": sample["__key__"],
         "image": _decode_png(image),
         "caption": caption,
         "index": int(meta.get("index", -1)),
@@ -264,32 +182,39 @@ class ShardStream(IterableDataset):
     """Stream samples (dicts: ``key``, ``image uint8 (C, H, W)``, ``caption``, ``index``, ``kind``) from shards.
 
     Args:
-        shards: shard paths (or one folder / shard file).
+        shards: shard paths, or one folder / shard file / brace pattern (:func:`~.shard_reader.expand_shards`).
         rank, world_size: this process's share: shards ``rank::world_size`` (give every rank the same number of
-            shards, e.g. shard count divisible by ``world_size``, or ranks see different step counts).
+            shards, e.g. shard count divisible by ``world_size``, or ranks see different step counts); ``None``
+            (default): webdataset's ``split_by_node`` (``RANK``/``WORLD_SIZE`` or ``torch.distributed``).
         seed: with ``shuffle_buffer > 0`` or ``shuffle_shards``, the shuffling seed (mixed with the epoch).
         shuffle_shards: permute the shard order each epoch (same permutation on every rank).
         shuffle_buffer: samples held in a reservoir for local shuffling [ours; 0 = file order].
+        on_bad: ``"skip"`` (count in :attr:`skipped`) or ``"error"`` for a corrupt or truncated shard.
 
-    Within a DataLoader, worker ``w`` of ``W`` takes every ``W``-th of the rank's shards.
+    Within a DataLoader, worker ``w`` of ``W`` takes every ``W``-th of the rank's shards (webdataset's
+    ``split_by_worker``).
     """
 
     def __init__(
         self,
         shards: list[Path] | Path | str,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         seed: int = 0,
         shuffle_shards: bool = False,
         shuffle_buffer: int = 0,
+        on_bad: str = "skip",
     ):
         super().__init__()
-        self.shards = shard_paths(shards) if isinstance(shards, str | Path) else [Path(p) for p in shards]
-        if not 0 <= rank < world_size:
+        self.shards = expand_shards(shards)
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (webdataset's split_by_node)")
+        if rank is not None and not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.shuffle_shards, self.shuffle_buffer = shuffle_shards, shuffle_buffer
+        self.shuffle_shards, self.shuffle_buffer, self.on_bad = shuffle_shards, shuffle_buffer, on_bad
         self.epoch = 0
+        self.skipped: Counter = Counter()  # in-process iteration only (a worker's copy is its own)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call before creating the epoch's iterator)."""
@@ -300,20 +225,20 @@ class ShardStream(IterableDataset):
         order = list(range(len(self.shards)))
         if self.shuffle_shards:
             order = np.random.default_rng([self.seed, self.epoch]).permutation(order).tolist()
-        order = order[self.rank :: self.world_size]
-        info = get_worker_info()
-        if info is not None:
-            order = order[info.id :: info.num_workers]
-        return [self.shards[i] for i in order]
+        if self.rank is None:
+            order = list(split_by_node(order))
+        else:
+            order = order[self.rank :: self.world_size]
+        return [self.shards[i] for i in split_by_worker(order)]
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        samples = (s for path in self.my_shards() for s in read_samples(path))
+        samples = (s for path in self.my_shards() for s in read_samples(path, self.skipped, self.on_bad))
         if self.shuffle_buffer <= 0:
             yield from samples
             return
-        rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
+        rng = np.random.default_rng([self.seed, self.epoch, self.rank or 0, worker])
         yield from buffered_shuffle(samples, self.shuffle_buffer, rng)
 
 

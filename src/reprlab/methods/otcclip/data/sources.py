@@ -3,8 +3,10 @@ read item by item (by DataLoader workers, :mod:`..training.slots`), never all in
 
 A source yields ``(name, image bytes or path, caption, metadata)`` for its slot's share: a shard source gives
 slot ``s`` the shards ``order[s::slots]`` (``order`` permuted per epoch with ``shuffle``), a table gives it rows
-``i`` with ``i % slots == s``. Unreadable shards and unparsable rows are skipped and counted per reason.
-A new format (e.g. ``webdataset.WebDataset`` pipelines) is a new source class with the same methods.
+``i`` with ``i % slots == s``. Shards are read through webdataset (:mod:`.shard_reader`: webdataset's keys,
+brace patterns, member-name checks); unreadable or truncated shards and unparsable rows are skipped and counted
+per reason, or with ``on_bad="error"`` stop the run naming the shard. A new format is a new source class with
+the same methods.
 """
 
 from __future__ import annotations
@@ -17,18 +19,25 @@ from pathlib import Path
 import numpy as np
 
 from reprlab.errors import ConfigError, DataError, DataFileMissingError
-from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data import shard_reader as rd
 from reprlab.methods.otcclip.data.datasets import CAPTION_COLS, IMAGE_COLS
+from reprlab.methods.otcclip.data.shards import MANIFEST
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 
 
 class ShardSource:
-    """Webdataset-layout shards (a folder, one ``.tar`` or a list)."""
+    """Webdataset-layout shards (a folder, one ``.tar``, a brace pattern or a list), read through webdataset.
 
-    def __init__(self, source: str | Path | list):
-        self.shards = sh.shard_paths(source) if isinstance(source, str | Path) else [Path(p) for p in source]
+    Args:
+        source: the shards (:func:`~.shard_reader.expand_shards`).
+        on_bad: ``"skip"`` or ``"error"`` for corrupt shards and bad members (``stream.on_bad_sample``).
+    """
+
+    def __init__(self, source: str | Path | list, on_bad: str = "skip"):
+        self.shards = rd.expand_shards(source)
         self.name = str(source)
+        self.on_bad = on_bad
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -36,31 +45,35 @@ class ShardSource:
     def items(
         self, slot: int, slots: int, seed: int, epoch: int, shuffle: bool, skip: Counter, cycle: int = 0
     ):
-        """``(name, image bytes, caption, metadata)`` of the slot's shards; unreadable members are counted.
-        ``cycle``: the pass over a cycled clean source (0 = the epoch's first, whose order is the usual one)."""
+        """``(name, image bytes, caption, metadata)`` of the slot's shards (name = ``shard:key``); bad shards and
+        members are counted in ``skip`` (or raise, with ``on_bad="error"``). ``cycle``: the pass over a cycled
+        clean source (0 = the epoch's first, whose order is the usual one)."""
         order = list(range(len(self.shards)))
         if shuffle:
             key = [seed, epoch] if cycle == 0 else [seed, epoch, cycle]
             order = np.random.default_rng(key).permutation(order).tolist()
         for i in order[slot::slots]:
             path = self.shards[i]
-            try:
-                for key, parts in sh.read_members(path):
-                    try:
-                        image, caption, meta = sh.split_sample(parts)
-                    except UnicodeDecodeError:
-                        skip["non_utf8"] += 1
-                        continue
-                    except ValueError:
-                        skip["bad_row"] += 1
-                        continue
-                    yield f"{path.name}:{key}", image, caption, meta
-            except (OSError, EOFError, sh.tarfile.TarError):
-                skip["unreadable_shard"] += 1
+            for sample in rd.iter_shard(path, skip, self.on_bad):
+                name = f"{path.name}:{sample['__key__']}"
+                try:
+                    image, caption, meta = rd.split_sample(sample)
+                except UnicodeDecodeError:
+                    self._bad(skip, "non_utf8", name)
+                    continue
+                except ValueError:
+                    self._bad(skip, "bad_row", name)
+                    continue
+                yield name, image, caption, meta
+
+    def _bad(self, skip: Counter, reason: str, name: str) -> None:
+        if self.on_bad == "error":
+            raise rd.BadSampleError(f"{name}: {reason.replace('_', ' ')}")
+        skip[reason] += 1
 
     def manifest(self) -> dict | None:
         """manifest.json of the shards' folder when it lists exactly these shards, else ``None``."""
-        path = self.shards[0].parent / sh.MANIFEST
+        path = self.shards[0].parent / MANIFEST
         if path.exists():
             m = json.loads(path.read_text())
             if sorted(m.get("shards", [])) == sorted(p.name for p in self.shards):
@@ -71,7 +84,7 @@ class ShardSource:
         """Samples in the shards: manifest.json's count when present, else one pass over the members."""
         if (m := self.manifest()) is not None:
             return int(m["n_samples"])
-        return sum(1 for p in self.shards for _ in sh.read_members(p))
+        return sum(1 for p in self.shards for _ in rd.iter_shard(p))
 
     def n_poisoned(self) -> int:
         """Samples whose provenance (``kind`` != 0 in the ``.json`` member) says poisoned: manifest.json's
@@ -193,18 +206,24 @@ class TableSource:
         return out
 
 
-def open_source(source: str | Path, image_root: str = "", key: str = "stream.source"):
-    """A :class:`ShardSource` or :class:`TableSource` for ``source``.
+def open_source(source: str | Path, image_root: str = "", key: str = "stream.source", on_bad: str = "skip"):
+    """A :class:`ShardSource` or :class:`TableSource` for ``source``; a brace pattern
+    (``shards/train-{000000..000099}.tar``) is shards.
 
     Raises:
-        DataFileMissingError: ``source`` does not exist (the message names ``key``). DataError: not a table,
-        a ``.tar`` or a folder of them.
+        DataFileMissingError: ``source`` (or a shard of its pattern) does not exist (the message names ``key``).
+        DataError: not a table, a ``.tar``, a folder of them or a pattern of them.
     """
     path = Path(source)
     if not str(source):
         raise ConfigError(
             f"{key} is empty: give a folder of .tar shards or a CSV/TSV/JSONL of (image, caption)"
         )
+    if "{" in str(source) or "::" in str(source):
+        try:
+            return ShardSource(str(source), on_bad)
+        except DataError as err:
+            raise type(err)(f"{key}: {err}", hint=err.hint) from err
     if not path.exists():
         raise DataFileMissingError(
             f"{key}: {path} does not exist",
@@ -215,7 +234,7 @@ def open_source(source: str | Path, image_root: str = "", key: str = "stream.sou
         return TableSource(path, image_root or None)
     if path.is_dir() or path.suffix == ".tar":
         try:
-            return ShardSource(path)
+            return ShardSource(path, on_bad)
         except FileNotFoundError as err:
             raise DataFileMissingError(f"{key}: {err}") from err
     raise DataError(f"{key}: {path} is not a .tar shard, a folder of them or a .csv/.tsv/.jsonl table")

@@ -37,16 +37,29 @@ class ImageTransform:
             mode = "L" if self.channels == 1 else "RGB"
             if im.mode != mode:  # a no-op convert still copies: a tenth of a decode's time
                 im = im.convert(mode)
-            w, h = im.size
-            if (w, h) != (self.size, self.size):
-                s = self.size / min(w, h)
-                nw, nh = max(self.size, round(w * s)), max(self.size, round(h * s))
-                im = im.resize((nw, nh), Image.Resampling.BICUBIC)
-                left, top = (nw - self.size) // 2, (nh - self.size) // 2
-                im = im.crop((left, top, left + self.size, top + self.size))
-            arr = np.array(im, dtype=np.uint8)
-        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-        return torch.from_numpy(np.ascontiguousarray(arr))
+            return to_uint8(fit_image(im, self.size))
+
+
+def fit_image(im, size: int):
+    """A PIL image resized (bicubic) so its shorter side is ``size``, then centre-cropped to ``size x size``;
+    returned as is when it is already that size."""
+    from PIL import Image
+
+    w, h = im.size
+    if (w, h) == (size, size):
+        return im
+    s = size / min(w, h)
+    nw, nh = max(size, round(w * s)), max(size, round(h * s))
+    im = im.resize((nw, nh), Image.Resampling.BICUBIC)
+    left, top = (nw - size) // 2, (nh - size) // 2
+    return im.crop((left, top, left + size, top + size))
+
+
+def to_uint8(im) -> torch.Tensor:
+    """A PIL image (``L`` or ``RGB``) -> ``uint8 (C, H, W)``."""
+    arr = np.array(im, dtype=np.uint8)
+    arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def model_transform(model) -> ImageTransform:

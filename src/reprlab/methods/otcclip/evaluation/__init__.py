@@ -3,8 +3,6 @@
 * ``metrics``: zero-shot (prompt ensemble), linear probe (scikit-learn), ASR_targeted, ASR_backdoor, for any model
   of :mod:`..models.features`' interface and any labelled image set.
 * ``testbed``: those metrics on our testbed's held-out sets (the recipes' summary keys).
+* ``folder``: the same keys on the user's ImageFolders (class names, prompt templates) and poison manifest.
 * ``audit``: ranking a dataset's pairs by how much better another caption fits (OTCCLIP's matching score).
-
-Evaluation on an ImageFolder of class folders (class names, prompt templates, a poison manifest) is a module
-beside ``testbed``, filling the same keys from ``metrics``.
 """

@@ -1,8 +1,8 @@
 """Evaluation on our testbed's held-out sets: the summary keys ``zeroshot_acc``, ``asr_targeted``,
 ``asr_backdoor`` and ``linear_probe_acc`` of every ``otcclip-*`` recipe with a testbed.
 
-Evaluation on the user's own images (an ImageFolder of class folders, a poison manifest) belongs in a module beside
-this one, filling the same keys from :mod:`.metrics`.
+Evaluation on the user's own images (ImageFolders of class folders, a poison manifest) is :mod:`.folder`, filling
+the same keys from :mod:`.metrics`.
 """
 
 from __future__ import annotations

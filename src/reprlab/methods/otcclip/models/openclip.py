@@ -348,6 +348,20 @@ def _alias(name: str) -> str:
     return str(TINY_CONFIG) if name == "reprlab-tiny-vit" else name
 
 
+def model_config(name: str) -> dict:
+    """open_clip's ``model_cfg`` of ``model.arch=open_clip:<name>`` (``embed_dim``, ``vision_cfg``, ``text_cfg``...):
+    a built-in config, a model-config JSON (or ``reprlab-tiny-vit``), or a ``local-dir`` folder's."""
+    import open_clip
+
+    name = _alias(name)
+    path = Path(name.removeprefix("local-dir:"))
+    if name.startswith("local-dir:") or path.is_dir():
+        return json.loads((path / "open_clip_config.json").read_text())["model_cfg"]
+    if name.endswith(".json"):
+        name = _register_json(path)[0]
+    return open_clip.get_model_config(name)
+
+
 def build(name: str, pretrained: str = "") -> OpenCLIPAdapter:
     """``model.arch=open_clip:<name>`` (with ``model.pretrained``) as the trainer's model."""
     return OpenCLIPAdapter(create_openclip(name, pretrained))
@@ -360,4 +374,5 @@ __all__ = [
     "attnpool_queries",
     "build",
     "create_openclip",
+    "model_config",
 ]

@@ -4,6 +4,7 @@ from its folder (the audit; evaluating a run's checkpoints or exporting them sta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -41,6 +42,9 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
     channels = 3 if cfg.data.tint else 1
+    data_info = run_dir / "analysis" / "data.json"
+    if data_info.is_file():  # a streamed run records the channels it trained with (user data: RGB)
+        channels = int(json.loads(data_info.read_text()).get("channels", channels))
     if cfg.model.arch.startswith("open_clip:"):
         # first: without open_clip, the clean ModelNotAvailableError
         model = build_model(cfg.model, 0, channels)

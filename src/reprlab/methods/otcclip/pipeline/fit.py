@@ -17,18 +17,29 @@ from reprlab.methods.otcclip.training.trainer import Trainer
 from reprlab.runs import Run
 
 
-def fit(defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bool = False) -> dict:
+def evaluate(model, tok, bed, cfg: Config, folder, probe: bool) -> dict:
+    """The summary keys on the testbed ``bed``, else on the user's folders (``folder``), else none."""
+    if bed is not None:
+        return evaluate_testbed(model, tok, bed, cfg, probe=probe)
+    if folder is not None:
+        return folder(model, tok, cfg.model.max_len, probe=probe)
+    return {}
+
+
+def fit(
+    defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bool = False, folder=None
+) -> dict:
     """The epoch loop both trainers share: resume from the defense's last epoch checkpoint, train, evaluate each
-    epoch on ``bed`` (skipped when it is ``None``: user data without our testbed), checkpoint; then the final
-    metrics plus the last re-matching / split diagnostics."""
+    epoch on ``bed`` (or on the user's folders, ``folder``, with ``eval.every_epoch``), checkpoint; then the
+    final metrics plus the last re-matching / split diagnostics."""
     start, history = 0, []
     if run.resume and (state := run.load_checkpoint(trainer.modules(), trainer.optimizers(), tag=defense)):
         start, extra = state
         history, trainer.examples = extra["history"], extra["examples"]
     for epoch in run.progress(range(start, cfg.train.epochs), total=cfg.train.epochs - start, desc=defense):
         stats = trainer.run_epoch(epoch)
-        if bed is not None:
-            stats.update(evaluate_testbed(model, tok, bed, cfg, probe=False))
+        if bed is not None or (folder is not None and cfg.eval.every_epoch):
+            stats.update(evaluate(model, tok, bed, cfg, folder, probe=False))
         history.append(stats)
         run.log(epoch, defense=defense, **stats)
         run.logger.info("%s epoch %d: %s", defense, epoch, {k: v for k, v in stats.items() if k != "epoch"})
@@ -39,13 +50,15 @@ def fit(defense, cfg: Config, run: Run, trainer, model, tok, bed, final_loss: bo
             extra={"history": history, "examples": trainer.examples},
             tag=defense,
         )
-    final = evaluate_testbed(model, tok, bed, cfg, probe=True) if bed is not None else {}
+    final = evaluate(model, tok, bed, cfg, folder, probe=True)
     if final_loss:
         final["final_loss"] = history[-1]["loss"] if history else float("nan")
     matches = [h for h in history if "rematch_poison_moved" in h]
     if matches:
         final["rematch_poison_moved"] = matches[-1]["rematch_poison_moved"]
         final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
+    for key in sorted({k for h in history for k in h if k.startswith("data_skipped_")}):
+        final[key] = sum(int(h.get(key, 0)) for h in history)  # every epoch's skips, by reason
     splits = [h for h in history if "poison_in_risky" in h]
     if splits:
         final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]
@@ -67,10 +80,21 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
 
 
 def train_defense_stream(
-    defense, cfg: Config, run: Run, bed, tok, source, n_samples, channels, dist, clean_source=None
+    defense,
+    cfg: Config,
+    run: Run,
+    bed,
+    tok,
+    source,
+    n_samples,
+    channels,
+    dist,
+    clean_source=None,
+    folder=None,
 ) -> dict:
-    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it;
-    ``clean_source``: CleanCLIP's clean fine-tuning stream (``stream.clean_source`` or the written clean set)."""
+    """Train one defense from the stream (resuming from its last epoch checkpoint) and evaluate it (on ``bed``,
+    else on the user's folders, ``folder``); ``clean_source``: CleanCLIP's clean fine-tuning stream
+    (``stream.clean_source`` or the written clean set)."""
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     model = build_model(cfg.model, len(tok), channels).to(run.device)
     trainer = StreamTrainer(
@@ -86,5 +110,5 @@ def train_defense_stream(
         dist=dist,
         clean=clean_source,
     )
-    final = fit(defense, cfg, run, trainer, model, tok, bed, final_loss=True)
+    final = fit(defense, cfg, run, trainer, model, tok, bed, final_loss=True, folder=folder)
     return {"metrics": final, "examples": trainer.examples}

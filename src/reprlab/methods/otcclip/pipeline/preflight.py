@@ -13,7 +13,7 @@ from reprlab.methods.otcclip.models.build import build_model
 
 def streaming(cfg: Config) -> bool:
     """Whether the run trains from a stream (``stream.source`` or ``stream.write_shards``)."""
-    return bool(cfg.stream.source) or cfg.stream.write_shards
+    return bool(cfg.stream.source) or cfg.stream.write_shards or cfg.data.testbed == "files"
 
 
 def trains_on_clean(cfg: Config) -> bool:
@@ -37,6 +37,7 @@ def preflight(cfg: Config) -> None:
     d = cfg.defense
     if streaming(cfg) and "otcclip" in cfg.defenses and (opts := whole_set_options(d)):
         raise ConfigError(f"{', '.join(opts)} works with the in-memory trainer only, not with a stream")
+    user_data_checks(cfg)
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(
             "stream.source is empty: data.testbed 'none' trains on your data only; set stream.source to a folder "
@@ -52,3 +53,35 @@ def preflight(cfg: Config) -> None:
         build_model(cfg.model, 2)  # raises ModelNotAvailableError saying why
     elif cfg.model.arch not in ("tiny", "hf_clip"):
         raise ConfigError(f"model.arch {cfg.model.arch!r} is not 'tiny', 'hf_clip' or 'open_clip:<name>'")
+
+
+def user_data_checks(cfg: Config) -> None:
+    """The files testbed, the poison stage and the folder evaluation: options that fit together, folders and
+    files that exist (indexed, nothing decoded)."""
+    from dataclasses import replace
+
+    from reprlab.methods.otcclip.data.folder import image_folder
+    from reprlab.methods.otcclip.evaluation.folder import FolderEval
+
+    d, p, e = cfg.data, cfg.poison, cfg.eval
+    if d.testbed == "files" and (cfg.stream.source or cfg.stream.write_shards):
+        raise ConfigError(
+            "data.testbed 'files' writes its own data: leave stream.source '' and write_shards off"
+        )
+    if p.enabled and cfg.stream.write_shards:
+        raise ConfigError(
+            "poison.enabled poisons your data (stream.source); the testbed's shards are poisoned already"
+        )
+    if p.enabled and not cfg.stream.source and d.testbed != "files":
+        raise ConfigError("poison.enabled needs stream.source: the shards or table to poison")
+    if e.zeroshot_dir and d.testbed not in ("none", "files"):
+        raise ConfigError(
+            f"eval.zeroshot_dir evaluates on your folders; data.testbed {d.testbed!r} evaluates on its own sets",
+            hint="set data.testbed=none to train on stream.source and evaluate on eval.zeroshot_dir",
+        )
+    if p.enabled and p.targets_from:
+        image_folder(p.targets_from, p.class_names, key="poison.targets_from")
+    if (
+        e.zeroshot_dir
+    ):  # the poison stage's manifest does not exist yet: the folders only, and a given manifest
+        FolderEval(replace(e, poison_manifest=e.poison_manifest), "", cfg.seed)

@@ -85,9 +85,11 @@ def report_sections(run_dir: Path) -> list[Section]:
             f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
             f"zero-shot {gate['zeroshot_acc']:.2f}."
         )
-    sections.append(
-        Section("OTCCLIP vs baselines on the poisoned mosaic testbed", "\n".join(notes), table=rows)
-    )
+    title = "OTCCLIP vs baselines on the poisoned mosaic testbed"
+    if "eval_zeroshot_dir" in data:
+        title = "OTCCLIP vs baselines on your data"
+        notes += folder_notes(data)
+    sections.append(Section(title, "\n".join(notes), table=rows))
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
     x = np.arange(len(defenses))
@@ -176,6 +178,30 @@ def report_sections(run_dir: Path) -> list[Section]:
         fig.tight_layout()
         sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
     return sections
+
+
+def folder_notes(data: dict) -> list[str]:
+    """What a folder evaluation ran on (``analysis/data.json``'s ``eval_*`` and poison keys)."""
+    notes = []
+    if data.get("testbed") == "files":
+        notes.append(
+            "Data [ours]: real Fashion-MNIST items written as a user's files (PNG files + captions.csv made from the "
+            "labels with our caption templates; ImageFolders of held-out items), poisoned by `reprlab otcclip "
+            "poison`."
+        )
+    notes.append(
+        f"Evaluation on your images: zero-shot over {data['eval_n_zeroshot']} images of {data['eval_zeroshot_dir']} "
+        f"({len(data['eval_classes'])} classes, {data['eval_n_templates']} prompt templates); linear probe fitted "
+        f"on {data['eval_n_probe_train']} images (CLIP's logistic regression)."
+    )
+    if "poison_manifest" in data:
+        bd = (f"a {data['trigger']} backdoor (target '{data['backdoor_target']}', ASR over triggered images of other "
+              "classes)") if "trigger" in data else "no backdoor"  # fmt: skip
+        notes.append(
+            f"Poisons from {data['poison_manifest']}: {data['n_poisoned']} planted pairs "
+            f"(rate {data.get('poison_rate', float('nan')):.4f}), {data['n_targets']} targeted images, {bd}."
+        )
+    return notes
 
 
 def _wrap(text: str, width: int = 34) -> str:

@@ -19,6 +19,7 @@ from reprlab.methods.otcclip.data.testbed import Testbed, build_testbed, testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.models.build import build_tokenizer
 from reprlab.methods.otcclip.models.run_model import save_tokenizer
+from reprlab.methods.otcclip.pipeline import user_data
 from reprlab.methods.otcclip.pipeline.fit import train_defense_stream
 from reprlab.methods.otcclip.pipeline.preflight import trains_on_clean
 from reprlab.runs import Run
@@ -32,7 +33,8 @@ def run_stream(cfg: Config, run: Run) -> dict:
     testbed's ``data.clean_finetune_pairs`` set written as shards by a stage ``clean_shards``."""
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     sc = cfg.stream
-    bed = build_testbed(cfg.data, cfg.seed) if cfg.data.testbed != "none" else None
+    bed = build_testbed(cfg.data, cfg.seed) if cfg.data.testbed not in ("none", "files") else None
+    user_source = user_data.prepare(cfg, run)  # the files and poison stages, when asked for
     clean_source, clean_dir = None, None  # CleanCLIP's clean fine-tuning stream, if any
     if sc.write_shards:
         shard_dir = run.dir / "shards"
@@ -44,28 +46,32 @@ def run_stream(cfg: Config, run: Run) -> dict:
 
         run.stage("shards", write)
     if sc.clean_source and trains_on_clean(cfg):  # the user's clean set replaces the testbed's
-        clean_source = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+        clean_source = open_source(sc.clean_source, sc.image_root, "stream.clean_source", sc.on_bad_sample)
     elif bed is not None and bed.clean is not None and trains_on_clean(cfg):
         clean_dir = clean_shards(cfg, run, bed.clean)
     if dist.enabled:
         torch.distributed.barrier()  # rank 0 wrote the shards
-    source = ShardSource(run.dir / "shards") if sc.write_shards else open_source(sc.source, sc.image_root)
+    if sc.write_shards:
+        source = ShardSource(run.dir / "shards", sc.on_bad_sample)
+    else:
+        source = open_source(user_source, sc.image_root, on_bad=sc.on_bad_sample)
+    folder = user_data.folder_eval(cfg, run.dir) if bed is None else None  # errors before any training
     if clean_dir is not None:
-        clean_source = ShardSource(clean_dir)
+        clean_source = ShardSource(clean_dir, sc.on_bad_sample)
     tok = build_tokenizer(cfg.model)
     if tok is None and sc.write_shards:
         tok = WordTokenizer.from_texts(bed.pairs.captions)  # the in-memory path's vocabulary
     elif tok is None:
         names = bed.pairs.class_names if bed else ()
-        tok = WordTokenizer.from_texts(
-            vocabulary_texts(source, sc.vocab_samples, names, prompts=bed is not None)
-        )
+        texts = vocabulary_texts(source, sc.vocab_samples, names, prompts=bed is not None)
+        tok = WordTokenizer.from_texts(texts + (folder.prompts() if folder is not None else []))
     save_tokenizer(run, tok)
     n_samples = sc.n_samples or source.count()
     channels = source_channels(source, bed)
     data_info = {
-        "source": str(sc.source or run.dir / "shards"),
+        "source": str(user_source or run.dir / "shards"),
         "streamed": True,
+        "channels": channels,
         "n_pairs": n_samples,
         "vocab": len(tok),
         "testbed": cfg.data.testbed,
@@ -80,6 +86,8 @@ def run_stream(cfg: Config, run: Run) -> dict:
         data_info["clean_source"] = str(sc.clean_source or clean_dir)
     if clean_source is None or sc.clean_source:
         data_info.pop("n_clean_finetune", None)  # the testbed's clean set is not streamed
+    if folder is not None:
+        data_info.update(folder.info())
     run.save_json("analysis/data.json", data_info)
     summary: dict[str, float | int | str] = {"n_pairs": n_samples}
     if "poison_rate" in data_info:
@@ -89,7 +97,7 @@ def run_stream(cfg: Config, run: Run) -> dict:
         res = run.stage(
             defense,
             lambda d=defense: train_defense_stream(
-                d, cfg, run, bed, tok, source, n_samples, channels, dist, clean_source
+                d, cfg, run, bed, tok, source, n_samples, channels, dist, clean_source, folder
             ),
         )
         results[defense] = res["metrics"]

@@ -9,8 +9,12 @@ rank's slots, so the sequence of global rounds depends on ``slots`` only, not on
 (tested: 2 torchrun ranks against one process). An epoch ends when the first slot runs out (the rest is
 dropped, like ``drop_last``); give slots equal shares (shard count a multiple of ``slots``).
 
-Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON) are
-skipped and counted per reason; the trainer logs the counts per epoch as ``data_skipped_<reason>``.
+Bad items (unreadable or missing image, missing/empty/over-long/non-UTF-8 caption, unparsable row or JSON, an
+unreadable or truncated shard) are skipped and counted per reason; the trainer logs the counts per epoch as
+``data_skipped_<reason>`` (their sums over epochs go to the summary). With ``on_bad="error"``
+(``stream.on_bad_sample``) a corrupt image or shard stops the run instead. Such an error, and a refused shard
+(unsafe member names), never raises inside a DataLoader worker: the worker yields ``{"slot", "error", "hint"}``
+and the trainer raises it as a :class:`~reprlab.errors.DataError` in the main process.
 """
 
 from __future__ import annotations
@@ -24,20 +28,24 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from reprlab.errors import DataError
 from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.datasets import MAX_CAPTION_CHARS
+from reprlab.methods.otcclip.data.shard_reader import BadSampleError
 from reprlab.methods.otcclip.data.transforms import ImageTransform
 
 
 class SlotStream(IterableDataset):
     """Minibatches of one rank's slots (module docstring). Each item is a dict: ``slot``, ``round``,
     ``images uint8 (m, C, S, S)``, ``ids``/``mask (m, max_len)``, ``sig``/``kind``/``index (m,)``, ``skipped``
-    (a Counter since the previous item); or ``{"slot": s, "end": True}`` once slot ``s`` has no full
-    minibatch left."""
+    (counts per reason since the previous item, a plain dict); or ``{"slot": s, "end": True}`` once slot ``s``
+    has no full minibatch left; or ``{"slot": s, "error": message, "hint": fix}`` when the data must stop the run."""
 
     def __init__(self, source, slots: list[int], n_slots: int, per_slot: int, transform: ImageTransform,
-                 tokenizer, max_len: int, seed: int, shuffle_shards: bool, shuffle_buffer: int):  # fmt: skip
+                 tokenizer, max_len: int, seed: int, shuffle_shards: bool, shuffle_buffer: int,
+                 on_bad: str = "skip"):  # fmt: skip
         super().__init__()
+        self.on_bad = on_bad
         self.source, self.slots, self.n_slots, self.per_slot = source, slots, n_slots, per_slot
         self.transform, self.tokenizer, self.max_len = transform, tokenizer, max_len
         self.seed, self.shuffle_shards, self.shuffle_buffer = seed, shuffle_shards, shuffle_buffer
@@ -59,7 +67,7 @@ class SlotStream(IterableDataset):
         self._cycle.fill_(cycle)
 
     def _samples(self, slot: int, skip: Counter) -> Iterator[tuple[torch.Tensor, str, dict]]:
-        for _name, image, caption, meta in self.source.items(
+        for name, image, caption, meta in self.source.items(
             slot, self.n_slots, self.seed, self.epoch, self.shuffle_shards, skip, self.cycle
         ):
             if caption is None:
@@ -76,7 +84,12 @@ class SlotStream(IterableDataset):
                 continue
             try:
                 pixels = self.transform(image)
-            except Exception:  # PIL raises many types for corrupt files
+            except Exception as err:  # PIL raises many types for corrupt files
+                if self.on_bad == "error":
+                    raise BadSampleError(
+                        f"{name}: unreadable image ({type(err).__name__}: {err})",
+                        hint="remove or re-encode it, or set stream.on_bad_sample=skip to skip and count it",
+                    ) from err
                 skip["unreadable_image"] += 1
                 continue
             yield pixels, caption.strip(), meta
@@ -102,12 +115,18 @@ class SlotStream(IterableDataset):
             "sig": torch.tensor([int(m["sig"]) if "sig" in m else caption_sig(c) for _, c, m in rows]),
             "kind": torch.tensor([int(m.get("kind", 0)) for m in meta]),
             "index": torch.tensor([int(m.get("index", -1)) for m in meta]),
-            "skipped": Counter(skip),
+            "skipped": dict(skip),  # a dict: DataLoader's default_convert re-adds a Counter's counts
         }
         skip.clear()
         return out
 
     def __iter__(self):
+        try:
+            yield from self._rounds()
+        except DataError as err:  # delivered to the main process as an item, not as a worker crash
+            yield {"slot": -1, "error": str(err), "hint": err.hint, "skipped": {}}
+
+    def _rounds(self):
         info = get_worker_info()
         mine = self.slots if info is None else self.slots[info.id :: info.num_workers]
         skips = {s: Counter() for s in mine}
@@ -119,7 +138,7 @@ class SlotStream(IterableDataset):
                 if len(rows) < self.per_slot:
                     # a worker stops with its first exhausted slot: the epoch ends there anyway
                     for t in mine:
-                        yield {"slot": t, "end": True, "skipped": skips[t]}
+                        yield {"slot": t, "end": True, "skipped": dict(skips[t])}
                     return
                 yield self._batch(s, rnd, rows, skips[s])
             rnd += 1

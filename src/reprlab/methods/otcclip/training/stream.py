@@ -111,7 +111,8 @@ class StreamTrainer(Trainer):
 
         def slot_stream(src) -> SlotStream:
             return SlotStream(src, slots, sc.slots, train.batch_size // sc.slots, model_transform(model),
-                              tokenizer, self.max_len, seed, sc.shuffle_shards, sc.shuffle_buffer)  # fmt: skip
+                              tokenizer, self.max_len, seed, sc.shuffle_shards, sc.shuffle_buffer,
+                              sc.on_bad_sample)  # fmt: skip
 
         self.stream = slot_stream(source)
         self.clean_stream = slot_stream(clean) if clean is not None else None
@@ -222,6 +223,8 @@ class StreamTrainer(Trainer):
                 ended.update(pending)
                 break
             self.skipped.update(item["skipped"])
+            if "error" in item:  # a worker met data that stops the run (module docstring of .slots)
+                raise DataError(item["error"], hint=item.get("hint"))
             if item.get("end"):
                 ended.add(item["slot"])
             else:
