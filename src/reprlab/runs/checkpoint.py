@@ -261,7 +261,9 @@ def check_checkpoint(folder: Path, parse: bool = False) -> Problem | None:
                        "no longer loads because unpickling a file can run code)", legacy=True)  # fmt: skip
     for name, info in meta["files"].items():
         path = folder / name
-        if not isinstance(info, dict) or "/" in name or name.startswith("."):
+        # a sharded (DCP) checkpoint also holds DCP's ".metadata" (reprlab.runs.dcp)
+        dcp_metadata = meta.get("kind") == "dcp" and name == ".metadata"
+        if not isinstance(info, dict) or "/" in name or (name.startswith(".") and not dcp_metadata):
             return Problem("meta.json", f"has a malformed entry for {name!r}")
         if not path.is_file():
             return Problem(name, "is missing")

@@ -301,6 +301,49 @@ class Run:
             keep_last=keep_last, keep_every=keep_every,
         )  # fmt: skip
 
+    def save_sharded_checkpoint(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        replicated: dict[str, torch.nn.Module] | None = None,
+        replicated_optims: dict[str, torch.optim.Optimizer] | None = None,
+        extra: dict[str, Any] | None = None,
+        tag: str = "train",
+        keep_last: int = 2,
+    ) -> Path:
+        """Save an FSDP2-sharded model and its optimizer through DCP (:mod:`reprlab.runs.dcp`); every rank calls
+        it. ``replicated``: modules and optimizers identical on every rank (rank 0 writes them)."""
+        from reprlab.runs.dcp import save_sharded_checkpoint
+
+        return save_sharded_checkpoint(
+            self.dir / "checkpoints" / tag, step, model, optimizer, replicated, replicated_optims, extra,
+            meta={"metric_lines": self._metric_lines() if self.is_main else 0, "time": time.time()},
+            keep_last=keep_last,
+        )  # fmt: skip
+
+    def load_sharded_checkpoint(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        replicated: dict[str, torch.nn.Module] | None = None,
+        replicated_optims: dict[str, torch.optim.Optimizer] | None = None,
+        tag: str = "train",
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Restore the latest sharded checkpoint of ``tag`` on every rank; ``None`` when there is none."""
+        from reprlab.runs.dcp import load_sharded_checkpoint
+
+        ckpts = list_checkpoints(self.dir / "checkpoints" / tag)
+        if self._resume_from:
+            target = resolve_resume_from(self.dir, self._resume_from)
+            if target.parent.name == tag:
+                ckpts, self._resume_from = [target], None
+        if not ckpts:
+            return None
+        out = load_sharded_checkpoint(ckpts[-1], model, optimizer, replicated, replicated_optims)
+        self.logger.info("resumed %s from %s (sharded)", tag, ckpts[-1])
+        return out
+
     def load_checkpoint(
         self,
         modules: dict[str, torch.nn.Module],

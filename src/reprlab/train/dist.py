@@ -1,21 +1,32 @@
-"""Distributed helpers for ``torchrun`` (DDP-style data parallelism on CPU/gloo or GPU/nccl).
+"""Distributed helpers for ``torchrun`` (data parallelism on CPU/gloo or GPU/nccl).
 
 Contrastive losses need every rank's features, so features are gathered across ranks *with* gradient
 (open_clip's ``gather_with_grad``): every rank computes the same global loss, the gather's backward sums
-the gradient copies, and averaging parameter gradients over ranks (``average_gradients``) then yields
-exactly the single-process full-batch gradient. We average gradients explicitly instead of wrapping the
-model in ``DistributedDataParallel`` because trainers here call the encoders several times per step
-(views, re-encoded captions), which DDP's one-forward-one-backward bookkeeping does not allow [ours].
+the gradient copies, and DDP's averaging of parameter gradients over ranks then yields the single-process
+full-batch gradient (up to float summation order).
+
+Gradients are averaged by PyTorch's :class:`~torch.nn.parallel.DistributedDataParallel`: parameters are
+grouped in buckets (25 MiB by default) whose all-reduce starts during backward as soon as the bucket's
+gradients are ready, so communication overlaps compute and a ViT-B/32 makes a handful of collectives a
+step instead of one per tensor. Trainers here call the encoders several times per step (views,
+re-encoded captions); DDP wants one forward per backward, so :class:`StepModule` makes the step itself the
+forward (as open_clip's training makes ``CLIP.forward`` return every feature of the step): the trainer calls
+``ddp(step_fn, *args)`` and ``step_fn`` uses the plain model inside.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,8 +108,47 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)])
 
 
+class StepModule(nn.Module):
+    """The module DDP wraps: holds ``model`` (so DDP sees its parameters) and runs a whole training step's
+    forward as its ``forward(fn, *args, **kwargs) = fn(*args, **kwargs)``.
+
+    ``fn`` calls ``model`` (the unwrapped one) as often as it needs: DDP counts one forward, and its
+    autograd hooks fire once per parameter in the single backward that follows, whatever the number of calls.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
+def wrap_ddp(
+    model: nn.Module, find_unused_parameters: bool = False, **kwargs
+) -> DistributedDataParallel | None:
+    """``DistributedDataParallel(StepModule(model))`` when a process group with several ranks is up, else None.
+
+    Args:
+        model: the model, already on its device (DDP broadcasts rank 0's parameters and buffers).
+        find_unused_parameters: set when some steps leave parameters without gradient (a frozen encoder in
+            one phase): DDP then walks the step's autograd graph to mark them ready (a little slower).
+        kwargs: more :class:`DistributedDataParallel` options (``bucket_cap_mb``, ``static_graph``, ...).
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    # device_ids=None: inputs stay where the step put them (they are the trainer and its batch, not tensors)
+    return DistributedDataParallel(
+        StepModule(model), device_ids=None, find_unused_parameters=find_unused_parameters, **kwargs
+    )
+
+
 def average_gradients(module: nn.Module) -> None:
-    """All-reduce-mean every parameter gradient (missing gradients count as zero so ranks stay in step)."""
+    """All-reduce-mean every parameter gradient, one blocking collective per tensor (missing gradients count
+    as zero so ranks stay in step).
+
+    Kept only as the baseline of ``benchmarks/bench_dist.py``; training uses :func:`wrap_ddp`.
+    """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     world = dist.get_world_size()
@@ -118,6 +168,18 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
         return
     for t in [*module.parameters(), *module.buffers()]:
         dist.broadcast(t.data, src)
+
+
+def main_first(fn: Callable[[], T], is_main: bool) -> T:
+    """Run ``fn`` on the main rank, then (after a barrier) on the others: for stages that write files the other
+    ranks then read back (a resumable stage finds the main rank's result and skips its work)."""
+    group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    result = fn() if is_main or not group else None
+    if group:
+        dist.barrier()
+        if not is_main:
+            result = fn()
+    return result  # type: ignore[return-value]
 
 
 def shard(n_global: int, rank: int, world_size: int) -> slice:

@@ -3,6 +3,7 @@ over gloo ranks or as one plain process, and save the losses and the full adapte
 
 import logging
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -85,6 +86,8 @@ class _Rec:
     def save_checkpoint(self, *a, **k):
         return None
 
+    save_sharded_checkpoint = save_checkpoint
+
 
 def train(case: str, shard: bool) -> dict:
     """``Trainer.fit`` on ``case``; ``shard``: FSDP2 over the ranks, else plain replicas (gradients averaged)."""
@@ -103,9 +106,50 @@ def train(case: str, shard: bool) -> dict:
     return {"losses": [r[f"{kind}.loss"] for r in rec.rows], "state": state}
 
 
+def resume_run(run_dir: str, out: str, kill_at: str, case: str) -> None:
+    """``case`` for 4 steps in a real run folder (FSDP2 when under torchrun), checkpointing every 2 steps and
+    resuming from the folder's latest checkpoint when it has one; ``kill_at`` > 0: every rank ends its process
+    (``os._exit``, no clean-up) right after the checkpoint of that step. Rank 0 saves the adapters."""
+    import os
+    from dataclasses import dataclass, replace
+
+    from reprlab.runs import Run
+
+    @dataclass(frozen=True)
+    class _Cfg:
+        seed: int = 0
+
+    info = init_distributed(device="cpu")
+    kind, peft, cfg, harm, ben, tok = setup(case)
+    cfg = replace(cfg, optim=replace(cfg.optim, steps=4, checkpoint_every=2))
+    if info.enabled:
+        shard_model(peft)
+    resume = (Path(run_dir) / "checkpoints").exists()
+    run = Run.create(run_dir, _Cfg(), "fsdp-resume", resume=resume, quiet=True)
+    if info.enabled:
+        dist.barrier()  # rank 0 has opened (or rewound) the folder before the others list its checkpoints
+    save = run.save_sharded_checkpoint
+
+    def save_then_die(step, *a, **k):
+        folder = save(step, *a, **k)
+        if step == int(kill_at):
+            os._exit(0)  # as a kill right after the commit: no destroy_process_group, no later writes
+        return folder
+
+    run.save_sharded_checkpoint = save_then_die
+    Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, run=run, seed=0, retain=ben).fit()
+    state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+             for n, p in peft.named_parameters() if p.requires_grad}  # fmt: skip
+    if info.is_main:
+        torch.save({"world": info.world_size, "state": state}, out)
+    if info.enabled:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(out: str, *cases: str) -> None:
     info = init_distributed(device="cpu")
-    # "<case>@replicas": every rank holds the whole model and the trainer averages gradients (no FSDP)
+    # "<case>@replicas": every rank holds the whole model and DDP averages the gradients (no FSDP)
     res = {case: train(case.split("@")[0], info.enabled and not case.endswith("@replicas")) for case in cases}
     if info.is_main:
         torch.save({"world": info.world_size, **res}, out)
@@ -115,4 +159,7 @@ def main(out: str, *cases: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "resume":
+        resume_run(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])

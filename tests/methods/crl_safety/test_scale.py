@@ -1,5 +1,6 @@
 """Scale: one copy of the base, gradient checkpointing, bf16, FSDP2 under torchrun, memory."""
 
+import json
 import os
 import subprocess
 import sys
@@ -143,8 +144,9 @@ def test_bf16_base_trains_fp32_adapters_close_to_fp32(fmt, data):
 def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
     """``Trainer.fit`` of CRL (code settings and crl-tiny's), CRL+mining, RR and stage-0 SFT, 4 AdamW steps each, on
     a tiny random Llama: torchrun with 2 gloo ranks and FSDP2 (the batch split over ranks; once also as plain
-    replicas) against one plain process (~35 s here)."""
-    cases = [*fsdp_worker.CASES, "crl_code@replicas"]
+    replicas under DDP, once with the latent attack mined inside the DDP step) against one plain process (~40 s
+    here)."""
+    cases = [*fsdp_worker.CASES, "crl_code@replicas", "crl_adv@replicas"]
     out = tmp_path / "two.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -164,6 +166,63 @@ def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
             assert torch.allclose(two[case]["state"][name], w, atol=1e-4, rtol=0), (case, name)
             moved = max(moved, float(w.abs().max()))
         assert moved > 1e-2, case  # training moved the adapters (B starts at 0)
+
+
+# CRL+mining ("crl_adv") resumes under FSDP to within ~1e-4 of the uninterrupted adapters but not bitwise (two
+# uninterrupted runs are bitwise equal; unsharded it resumes bitwise, test_trainer.py): a known gap, docs/distributed.md
+@pytest.mark.slow  # three torchrun launches of 2 gloo ranks on a tiny Llama: ~60-90 s on the loaded 2-core machine
+@pytest.mark.parametrize("case", ["crl_code"])
+def test_a_sharded_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_end(tmp_path, case):
+    """FSDP2 on 2 gloo ranks with DCP checkpoints every 2 steps: 4 steps straight against a run whose processes
+    die right after the step-2 checkpoint and a new torchrun that resumes it to step 4. The
+    same code path both ways (same ranks, shards and reduction order): the adapters must be bitwise equal and
+    the logged losses equal."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
+
+    def launch(run_dir, out, kill_at):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(HERE / "fsdp_worker.py"), "resume", str(run_dir), str(out), str(kill_at), case]  # fmt: skip
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return torch.load(out) if kill_at == 0 else None
+
+    straight = launch(tmp_path / "straight", tmp_path / "straight.pt", 0)
+    launch(tmp_path / "killed", tmp_path / "half.pt", 2)
+    assert not (tmp_path / "half.pt").exists()  # the processes died before the end
+    ckpt = tmp_path / "killed" / "checkpoints" / ("crl_adv" if case == "crl_adv" else "crl") / "step_00000002"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["kind"] == "dcp" and meta["world_size"] == 2
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng_rank1.json"} <= set(meta["files"])
+    resumed = launch(tmp_path / "killed", tmp_path / "resumed.pt", 0)
+    assert resumed["world"] == 2
+    for name, w in straight["state"].items():
+        assert torch.equal(resumed["state"][name], w), name
+    rows = {k: [json.loads(x) for x in (tmp_path / k / "metrics.jsonl").read_text().splitlines()]
+            for k in ("straight", "killed")}  # fmt: skip
+    loss = f"{'crl_adv' if case == 'crl_adv' else 'crl'}.loss"
+    assert [r[loss] for r in rows["killed"]] == [r[loss] for r in rows["straight"]]
+    assert max(float(w.abs().max()) for w in straight["state"].values()) > 1e-2  # training moved the adapters
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: DCP says so
+def test_a_sharded_checkpoint_with_an_edited_file_is_refused_before_dcp_reads_it(tmp_path):
+    """The SHA-256 manifest is checked before DCP unpickles ``.metadata`` (one process, no process group)."""
+    from reprlab.errors import CheckpointError
+    from reprlab.runs.dcp import load_sharded_checkpoint, save_sharded_checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    folder = save_sharded_checkpoint(tmp_path / "t", 1, model, opt, extra={"a": 1})
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert load_sharded_checkpoint(folder, fresh, fresh_opt) == (1, {"a": 1})
+    assert torch.equal(fresh.weight, model.weight)
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    (folder / ".metadata").write_bytes((folder / ".metadata").read_bytes() + b"x")
+    with pytest.raises(CheckpointError, match=r"\.metadata"):
+        load_sharded_checkpoint(folder, fresh, fresh_opt)
 
 
 # ---------------------------------------------------------------------- memory estimate

@@ -287,7 +287,7 @@ def _run(cfg: Config, run) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # under torchrun every rank holds the whole model and runs every stage; training splits each batch over the
-    # ranks and averages gradients (trainer.py); rank 0 alone writes the run folder
+    # ranks and DDP averages gradients (trainer.py); rank 0 alone writes the run folder
     dist_info = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     device = dist_info.device if dist_info.enabled else run.device
     seed_everything(cfg.seed)

@@ -17,19 +17,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def shard_model(model, reshard_after_forward: bool = True):
+def shard_model(model, reshard_after_forward: bool = True, mixed_precision: bool | None = None):
     """FSDP2-shard a (peft) causal LM in place: one unit per decoder block, the rest (embeddings, head) at the root.
 
     Needs an initialised process group. Returns the same module (its class becomes ``FSDP<cls>``).
+
+    Args:
+        mixed_precision: compute in bf16 with fp32 gradient reduction (``MixedPrecisionPolicy(param_dtype=bf16,
+            reduce_dtype=fp32)``); ``None`` = where the device supports it (CUDA with bf16), never on the CPU.
     """
-    from torch.distributed.fsdp import fully_shard
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from reprlab.models.lora import _block_list
 
+    if mixed_precision is None:
+        dev = next(model.parameters()).device
+        mixed_precision = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else None
+    )
+    kw = {"reshard_after_forward": reshard_after_forward, **({"mp_policy": mp} if mp is not None else {})}
     _, blocks = _block_list(model)
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
     return model
 
 

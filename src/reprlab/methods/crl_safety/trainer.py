@@ -11,7 +11,8 @@ every rank samples the same global batch and runs the model on its contiguous sh
 rows (the harmful centroid, means over all tokens of the batch) read states gathered across ranks with
 gradient (``reprlab.train.dist.all_gather_with_grad``); per-row sums (CE, KL) stay local and are summed across
 ranks. Either way a rank's loss has the global value and its gradient is ``world`` times its rows' share, so
-FSDP's gradient average gives the single-process gradient of the global batch (tested on 2 gloo ranks).
+FSDP's gradient average gives the single-process gradient of the global batch (tested on 2 gloo ranks). Whole
+replicas (no sharding) average their gradients the same way through PyTorch's DDP.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_states
 from reprlab.methods.crl_safety.mining import LatentAttacker
 from reprlab.models.lora import AdapterParams
-from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, average_gradients, shard
+from reprlab.train.dist import all_gather_nograd, all_gather_with_grad, shard, wrap_ddp
 from reprlab.train.timing import section
 
 KINDS = ("sft", "rr", "crl", "crl_adv")
@@ -147,6 +148,10 @@ class Trainer:
                     )
         self.rng = random.Random(seed)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # whole replicas under torchrun: PyTorch's DDP averages the adapters' gradients (bucketed, overlapped with
+        # backward) and the step's loss (all its forwards, mining included) is one DDP forward; an FSDP2-sharded
+        # model reduces its gradients itself
+        self.ddp = wrap_ddp(model) if self.world > 1 and not isinstance(model, FSDPModule) else None
         self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=0.0)
         self.retain, self.retain_rng = None, None
         if kind in ("crl", "crl_adv"):
@@ -426,6 +431,13 @@ class Trainer:
                                "gen": self._gen.get_state().tolist()}  # fmt: skip
         return modules, optims, extra
 
+    @staticmethod
+    def _replicated(modules: dict, optims: dict) -> tuple[dict, dict]:
+        """The parts of :meth:`_ckpt_parts` that FSDP does not shard (all but the adapters and their AdamW)."""
+        return {k: m for k, m in modules.items() if k != "lora"}, {
+            k: o for k, o in optims.items() if k != "opt"
+        }
+
     # ------------------------------------------------------------------ loop
     def checkpointing(self, on: bool) -> None:
         """HF gradient checkpointing of every decoder block, non-reentrant: it needs no input that requires grad
@@ -445,19 +457,19 @@ class Trainer:
         o = self.cfg.optim
         start = 0
         # replicas hold identical adapters and AdamW state, so rank 0's checkpoint is every rank's and all ranks resume
-        # from it. [missing] FSDP-sharded adapters and AdamW state (DTensors) are not checkpointed yet: a sharded run
-        # neither writes nor resumes checkpoints (metrics are still logged by rank 0)
+        # from it; an FSDP2-sharded model is checkpointed by every rank through DCP (reprlab.runs.dcp)
         sharded = isinstance(self.model, FSDPModule)  # FSDP2 reduces gradients itself
-        saves = self.run is not None and not sharded
-        if sharded and self.run is not None:
-            self.run.logger.warning(
-                "%s: no checkpoints of FSDP-sharded adapters (not implemented)", self.kind
-            )
+        saves = self.run is not None
         if saves and self.run.checkpoints(self.kind):
             if self.attacker is not None:  # a placeholder module to load the saved attack into
                 self.attacker.refresh(torch.Generator())
             modules, optims, _ = self._ckpt_parts()
-            step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
+            if sharded:
+                step, extra = self.run.load_sharded_checkpoint(
+                    self.model, self.opt, *self._replicated(modules, optims), tag=self.kind
+                )
+            else:
+                step, extra = self.run.load_checkpoint(modules, optims, tag=self.kind)
             start = step - self.offset
             self.rng.setstate(_tuple_state(extra["rng"]))
             if self.retain_rng is not None and "retain_rng" in extra:
@@ -476,11 +488,9 @@ class Trainer:
             t_step = time.time()
             self.opt.zero_grad(set_to_none=True)
             with section("loss"):
-                loss, info = self.loss(step)
+                loss, info = self.loss(step) if self.ddp is None else self.ddp(self.loss, step)
             with section("backward"):
                 loss.backward()
-            if self.world > 1 and not sharded:  # plain replicas: average like FSDP does
-                average_gradients(self.model)
             with section("optimizer"):
                 self.opt.step()
             hist.append({"loss": loss.item(), **info, "step_seconds": time.time() - t_step})
@@ -490,7 +500,14 @@ class Trainer:
             if saves and (done % o.checkpoint_every == 0 or done == self.steps):
                 with section("checkpoint"):
                     modules, optims, extra = self._ckpt_parts()
-                    self.run.save_checkpoint(self.offset + done, modules, optims, extra=extra, tag=self.kind)
+                    if sharded:  # every rank writes its shards
+                        self.run.save_sharded_checkpoint(self.offset + done, self.model, self.opt,
+                                                         *self._replicated(modules, optims), extra=extra,
+                                                         tag=self.kind)  # fmt: skip
+                    else:
+                        self.run.save_checkpoint(
+                            self.offset + done, modules, optims, extra=extra, tag=self.kind
+                        )
         self.model.eval()
         if ckpt:
             self.checkpointing(False)

@@ -40,9 +40,10 @@ from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, t
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
 from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, save_lm
-from reprlab.methods.reason_to_rote.train import TrainConfig, train
+from reprlab.methods.reason_to_rote.train import TrainConfig, run_dist, train
 from reprlab.models.gpt import GPT, GPTConfig
 from reprlab.report.headline import Headline
+from reprlab.train.dist import main_first
 from reprlab.train.seed import seed_everything
 
 
@@ -114,7 +115,9 @@ class Config:
 
 def _load_data(cfg: Config, run):
     folder = run.dir / "data"
-    run.stage("data", lambda: (generate_fda(cfg.task, cfg.seed).save(folder), {"folder": "data"})[1])
+    run_dist(run)  # under torchrun: join the ranks; rank 0 writes the data, the others read the stage back
+    save = lambda: (generate_fda(cfg.task, cfg.seed).save(folder), {"folder": "data"})[1]  # noqa: E731
+    main_first(lambda: run.stage("data", save), run.is_main)
     ds = load_dataset(folder, lambda it: validate_fda_item(it, cfg.task.digit_order))
     return ds, Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
 
@@ -191,9 +194,11 @@ def run(cfg: Config, run) -> dict:
     if cfg.control:  # true labels everywhere; track the (never seen) noisy labels of the same items
         fit_set = Batch(train_set.ids_true, train_set.ids_true, train_set.answer_start, train_set.answer_len,
                         torch.zeros_like(train_set.noisy))  # fmt: skip
-        tr = train(model, fit_set, test, cfg.train, run, cfg.seed, val=val, eval_noisy=noisy)
+        tr = train(
+            model, fit_set, test, cfg.train, run, cfg.seed, val=val, eval_noisy=noisy, dist=run_dist(run)
+        )
     else:
-        tr = train(model, train_set, test, cfg.train, run, cfg.seed, val=val)
+        tr = train(model, train_set, test, cfg.train, run, cfg.seed, val=val, dist=run_dist(run))
     model.to(run.device).eval()
     if random_model is not None:
         random_model.to(run.device)

@@ -29,9 +29,10 @@ from reprlab.methods.reason_to_rote.dataset import Vocab, load_dataset, tensoriz
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.lm import HFOptions, build_lm, save_lm
 from reprlab.methods.reason_to_rote.thr import THRConfig, generate_thr, validate_thr_item
-from reprlab.methods.reason_to_rote.train import TrainConfig, train
+from reprlab.methods.reason_to_rote.train import TrainConfig, run_dist, train
 from reprlab.models.gpt import GPT, GPTConfig
 from reprlab.report.headline import Headline
+from reprlab.train.dist import main_first
 from reprlab.train.seed import seed_everything
 
 
@@ -84,7 +85,9 @@ def run(cfg: Config, run) -> dict:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
     folder = run.dir / "data"
-    run.stage("data", lambda: (generate_thr(cfg.task, cfg.seed).save(folder), {"folder": "data"})[1])
+    run_dist(run)  # under torchrun: join the ranks; rank 0 writes the data, the others read the stage back
+    save = lambda: (generate_thr(cfg.task, cfg.seed).save(folder), {"folder": "data"})[1]  # noqa: E731
+    main_first(lambda: run.stage("data", save), run.is_main)
     ds = load_dataset(folder, validate_thr_item)
     vocab = Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
     train_items, test_items = ds.splits["train"], ds.splits["test"]
@@ -117,7 +120,7 @@ def run(cfg: Config, run) -> dict:
         torch.manual_seed(cfg.seed)
         model = GPT(GPTConfig(d_vocab=len(vocab), n_ctx=train_set.ids.shape[1], n_layers=mc.n_layers,
                               d_model=mc.d_model, n_heads=mc.n_heads, d_mlp=mc.d_mlp))  # fmt: skip
-    tr = train(model, train_set, test, cfg.train, run, cfg.seed)
+    tr = train(model, train_set, test, cfg.train, run, cfg.seed, dist=run_dist(run))
     model.to(run.device).eval()
     if lm is not None:
         run.stage("export", lambda: save_lm(lm, run.dir / "model"))

@@ -7,6 +7,11 @@ a resumed run sees exactly the batches an uninterrupted one would. Every ``eval_
 dynamics metrics (clean test EM, noisy memorised / true-answer rates) go to ``metrics.jsonl``; weights are
 checkpointed every ``ckpt_every`` steps (tag ``train``, the last 2 kept for resume) and at the dynamics
 snapshots (tag ``snapshots``, all kept) for analyses over training.
+
+Under ``torchrun`` (``dist`` with several ranks) each rank takes a contiguous share of every global batch
+and PyTorch's DDP averages the gradients (bucketed, overlapped with backward). The loss is the mean over the
+*global* batch's answer tokens: each rank divides its token sum by the all-reduced token count, so the
+gradient equals one process's on the whole batch up to float summation order (tested).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.distributed as torch_dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -22,6 +28,7 @@ from reprlab.methods.reason_to_rote.dataset import Batch
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.models.gpt import GPT
 from reprlab.models.hf_lm import HFCausalLM
+from reprlab.train.dist import DistInfo, init_distributed, shard, wrap_ddp
 from reprlab.train.schedule import warmup_cosine_factor
 
 
@@ -77,12 +84,16 @@ class TrainResult:
     final: dict
 
 
-def answer_loss(model: nn.Module, batch: Batch) -> Tensor:
+def answer_loss(model: nn.Module, batch: Batch, n_tokens: Tensor | float | None = None) -> Tensor:
     """Mean cross-entropy over answer tokens (incl. EOS) only; prompt tokens carry no loss.
 
     Our :class:`GPT` computes logits only from the first answer position of the batch on (``start``): the
     same loss up to float rounding, without the last block's MLP and the unembedding on prompt positions.
     A wrapped HF model (:class:`HFCausalLM`) skips the unembedding there (HF's ``logits_to_keep``).
+
+    Args:
+        n_tokens: divide the summed cross-entropy by this instead of the batch's own answer-token count
+            (a rank's share of a global batch divides by the global count).
     """
     mask = batch.answer_mask()[:, 1:]  # (batch, pos-1): which next-token predictions carry loss
     targets = batch.ids[:, 1:]
@@ -94,7 +105,21 @@ def answer_loss(model: nn.Module, batch: Batch) -> Tensor:
     else:
         logits = model(batch.ids[:, :-1])  # (batch, pos-1, d_vocab) predicts ids[:, 1:]
     mask = mask.to(logits.device)
-    return F.cross_entropy(logits[mask], targets.to(logits.device)[mask])
+    if n_tokens is None:
+        return F.cross_entropy(logits[mask], targets.to(logits.device)[mask])
+    return F.cross_entropy(logits[mask], targets.to(logits.device)[mask], reduction="sum") / n_tokens
+
+
+def _rank_loss(model: nn.Module, batch: Batch, n_global: Tensor, world: int) -> Tensor:
+    """This rank's term of the global batch's mean answer loss, times ``world``: DDP averages the ranks'
+    gradients, so their mean is the gradient of the global mean."""
+    return answer_loss(model, batch, n_global) * world
+
+
+def run_dist(run) -> DistInfo:
+    """The process group for ``run``'s device: one rank on a plain launch, torchrun's ranks otherwise (gloo on
+    CPU, nccl on CUDA). Stages other than training run on every rank (rank 0 alone writes the run folder)."""
+    return init_distributed(device="cpu" if run.device.type == "cpu" else None)
 
 
 def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
@@ -107,7 +132,7 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> Tensor:
 
 def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run, seed: int,
           eval_subset: int | None = None, val: Batch | None = None,
-          eval_noisy: Batch | None = None) -> TrainResult:  # fmt: skip
+          eval_noisy: Batch | None = None, dist: DistInfo | None = None) -> TrainResult:  # fmt: skip
     """Train ``model`` on ``train_set`` (noisy labels included) and log dynamics to ``run``.
 
     Args:
@@ -120,6 +145,8 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             the test EM.
         eval_noisy: the noisy items to track instead of ``train_set``'s own (the 0%-noise control trains on
             true labels everywhere and tracks the noisy labels it never saw).
+        dist: rank info under torchrun; each rank trains on its share of every global batch (``batch_size``
+            must divide by the world size), evaluates on its own, and rank 0's stopping decision is broadcast.
 
     Stopping rule [ours]: stop at the first evaluation where noisy memorisation >= ``stop_memorized`` *and*
     clean validation EM >= ``stop_generalized``. Stopping on memorisation alone keeps runs that memorised
@@ -127,7 +154,10 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
     Without noisy items the memorisation condition never holds, so a 0%-noise run trains to ``steps``.
     """
     device = run.device
+    info = dist or DistInfo()
     model.to(device)
+    rows = shard(cfg.batch_size, info.rank, info.world_size)  # also checks the batch divides over ranks
+    ddp = wrap_ddp(model) if info.enabled else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                             weight_decay=cfg.weight_decay, fused=cfg.fused_adamw or None)  # fmt: skip
     start, stopped = 0, False
@@ -152,11 +182,16 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
         lr = cfg.lr * warmup_cosine_factor(step, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = answer_loss(
-            model, data.select(_batch_indices(len(data), cfg.batch_size, step, seed).to(device))
-        )
+        batch = data.select(_batch_indices(len(data), cfg.batch_size, step, seed).to(device))
+        if ddp is None:
+            loss = answer_loss(model, batch)
+        else:
+            batch = batch.select(torch.arange(rows.start, rows.stop, device=device))
+            n_global = batch.answer_mask()[:, 1:].sum().to(device)
+            torch_dist.all_reduce(n_global)
+            loss = ddp(_rank_loss, model, batch, n_global, info.world_size)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # under DDP: returns with the gradients averaged over ranks
         if cfg.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -167,7 +202,11 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
                 if len(noisy)
                 else evaluate(model, test, clean, clean, device)
             )
-            last = {"loss": round(loss.item(), 5), "lr": lr, **asdict(m)}
+            value = loss.detach()
+            if ddp is not None:  # the global batch's mean: the ranks' terms (each scaled by world) averaged
+                torch_dist.all_reduce(value)
+                value = value / info.world_size
+            last = {"loss": round(value.item(), 5), "lr": lr, **asdict(m)}
             val_em = m.clean_test_em
             if val is not None:
                 val_em = answer_matches(model, val.ids.to(device), val).all(1).float().mean().item()
@@ -177,6 +216,10 @@ def train(model: nn.Module, train_set: Batch, test: Batch, cfg: TrainConfig, run
             run.log(done, **last)
             if len(noisy) and m.noisy_memorized >= cfg.stop_memorized and val_em >= cfg.stop_generalized:
                 stopped = True
+            if ddp is not None:  # rank 0 decides: evaluation noise must not let ranks stop at other steps
+                flag = torch.tensor([float(stopped)], device=device)
+                torch_dist.broadcast(flag, 0)
+                stopped = bool(flag.item())
         if cfg.snapshot_every and (done % cfg.snapshot_every == 0 or stopped or done == end):
             run.save_checkpoint(done, {"model": model}, tag="snapshots", keep_last=10_000)
         if done % cfg.ckpt_every == 0 or stopped or done == end:

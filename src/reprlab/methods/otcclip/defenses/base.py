@@ -114,6 +114,9 @@ class Defense:
     uses_bank: ClassVar[bool] = False
     match_phases: ClassVar[tuple[str, ...]] = ()
     clean_phases: ClassVar[tuple[str, ...]] = ()  # phases that train on the trainer's clean set (CleanCLIP)
+    # some phase's step leaves parameters without gradient (RoCLIP's matched text, SafeCLIP's unimodal
+    # phase without the logit scale): DDP must then look for unused parameters every step
+    partial_grad: ClassVar[bool] = False
 
     def __init__(self, cfg: DefenseConfig):
         self.cfg = cfg

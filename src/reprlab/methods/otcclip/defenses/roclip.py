@@ -19,6 +19,7 @@ from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 @register
 class RoCLIP(Defense):
     name = "roclip"
+    partial_grad = True  # see Defense.partial_grad
     uses_bank = True
     match_phases = ("roclip_match",)
 

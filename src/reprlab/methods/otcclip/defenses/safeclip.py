@@ -39,6 +39,7 @@ def split_safe(cos: np.ndarray, first: bool, first_p: float, ratio: float, seed:
 @register
 class SafeCLIP(Defense):
     name = "safeclip"
+    partial_grad = True  # see Defense.partial_grad
 
     def phase(self, epoch: int) -> str:
         u = self.cfg.safeclip_unimodal_epochs

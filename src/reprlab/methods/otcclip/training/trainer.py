@@ -4,7 +4,7 @@ augmentations, optimiser, schedule, model).
 The trainer owns what defenses share: data order and augmentation noise, drawn from generators seeded by
 (seed, epoch, step) for the whole global batch (so a multi-rank run sees exactly the same batches as a
 single-process run, tested), the optimiser and learning-rate schedule, the FIFO caption bank's storage,
-gradient averaging, and the per-epoch diagnostics. What a defense does to the caption assignment and which
+gradient averaging (DDP under torchrun), and the per-epoch diagnostics. What a defense does to the caption assignment and which
 losses it adds lives in its own class under :mod:`..defenses` (``none``, ``roclip``, ``safeclip``, ``cleanclip``,
 ``otcclip``; see each module's docstring for its phases and sources); the trainer hands itself to the defense as
 the :class:`~..defenses.base.TrainerView` it implements.
@@ -35,7 +35,7 @@ from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.defenses import Batch, DefenseConfig, make_defense
 from reprlab.methods.otcclip.defenses.matching import CaptionBank
 from reprlab.methods.otcclip.training.augment import augment_images, drop_words
-from reprlab.train.dist import DistInfo, all_gather_nograd, average_gradients, shard
+from reprlab.train.dist import DistInfo, all_gather_nograd, shard, wrap_ddp
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -142,6 +142,9 @@ class Trainer:
         )
         self.examples: list[dict] = []
         self._record = False
+        # under torchrun: DDP reduces the gradients in buckets overlapped with backward; the step's forward
+        # (every encoder call of the defense) runs inside one DDP forward (reprlab.train.dist.StepModule)
+        self.ddp = wrap_ddp(model, find_unused_parameters=self.impl.partial_grad)
 
     # ------------------------------------------------------------------ schedule
     def is_match_epoch(self, epoch: int) -> bool:
@@ -267,10 +270,9 @@ class Trainer:
             group["lr"] = lr
         self._use(phase)
         b = self.batch(idx, epoch, step, phase)
-        out = self.impl.step(self, b)
+        out = self.impl.step(self, b) if self.ddp is None else self.ddp(self.impl.step, self, b)
         self.opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        average_gradients(self.model)
+        out.loss.backward()  # under DDP: returns with the gradients averaged over ranks
         if tc.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         self.opt.step()
