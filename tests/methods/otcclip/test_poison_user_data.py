@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from reprlab.cli import app
 from reprlab.methods.otcclip.config import TRIGGERS, PoisonConfig
-from reprlab.methods.otcclip.data import shards as sh
+from reprlab.methods.otcclip.data import shard_reader as rd
 from reprlab.methods.otcclip.data.fashion_files import write_fashion_files
 from reprlab.methods.otcclip.data.folder import load_image
 from reprlab.methods.otcclip.data.poison import mentions
@@ -33,10 +33,11 @@ def files(tmp_path_factory):
 
 def _read_out(folder: Path) -> dict[str, dict[str, bytes]]:
     out = {}
-    for path in sh.shard_paths(folder):
-        for key, parts in sh.read_members(path):
+    for path in rd.expand_shards(folder):
+        for sample in rd.iter_shard(path, on_bad="error", fast=False):  # webdataset's own tar reader
+            key = sample["__key__"]
             assert key not in out, f"duplicate key {key}"
-            out[key] = parts
+            out[key] = rd.parts(sample)
     return out
 
 
@@ -120,7 +121,7 @@ def test_poison_a_table_plants_exactly_what_the_manifest_says(files, tmp_path):
 
 
 def _keys_of(shard: Path) -> set[str]:
-    return {k for k, _ in sh.read_members(shard)}
+    return {s["__key__"] for s in rd.iter_shard(shard, on_bad="error", fast=False)}
 
 
 @pytest.mark.parametrize("trigger", TRIGGERS)
