@@ -195,3 +195,13 @@ def test_two_gloo_ranks_train_like_one_process(tmp_path):
         float((p - q).abs().max()) for p, q in zip(one.state_dict().values(), _model().state_dict().values())
     )
     assert moved > 1e-3  # training changed the weights: the comparison is not vacuous
+
+
+def test_answer_mask_is_built_on_the_batch_device():
+    """A batch moved to another device builds its mask there (on CUDA a CPU ``arange`` failed the first GPU
+    training step); the meta device stands in for CUDA here: mixing it with a CPU tensor raises the same way."""
+    ds = generate_fda(FDAConfig(n_train=8, n_test=4, noise_rate=0.0), seed=0)
+    batch = tensorize(ds.splits["train"], Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"]))
+    mask = batch.to("meta").answer_mask()
+    assert mask.device.type == "meta" and mask.shape == batch.ids.shape
+    assert torch.equal(batch.answer_mask().sum(1), batch.answer_len)  # one mask entry per answer token

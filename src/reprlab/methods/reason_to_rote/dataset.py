@@ -178,7 +178,7 @@ class Batch:
 
     def answer_mask(self) -> Tensor:
         """(batch, pos) True at answer-token positions (the loss covers only these)."""
-        pos = torch.arange(self.ids.shape[1])
+        pos = torch.arange(self.ids.shape[1], device=self.ids.device)
         start = self.answer_start[:, None]
         return (pos >= start) & (pos < start + self.answer_len[:, None])
 
