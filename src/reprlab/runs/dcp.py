@@ -17,15 +17,17 @@ after every rank has written, so a killed run leaves the previous checkpoint or 
 
 Safety of DCP's metadata [ours]: torch 2.13's ``FileSystemReader.read_metadata`` reads ``.metadata`` with a
 plain ``pickle.load`` (no ``weights_only``, no restricted unpickler); its tensor files are read with
-``torch.load(weights_only=True)``. So before anything is read every rank checks every file against the SHA-256
-manifest in ``meta.json`` (written by reprlab, JSON): a checkpoint edited or damaged since it was written is
-refused with the file named. This guards against corruption, not against someone who rewrites the manifest
-too: load sharded checkpoints only from run folders you trust (docs/distributed.md).
+``torch.load(weights_only=True)``. reprlab reads ``.metadata`` itself through a restricted unpickler
+(:class:`SafeMetadataReader`) that resolves only DCP's metadata classes, ``torch.Size``, torch dtypes and
+layouts and paths, so a planted pickle cannot run code. Before that, every rank checks every file against the
+SHA-256 manifest in ``meta.json`` (written by reprlab, JSON): a checkpoint edited or damaged since it was
+written is refused with the file named.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,45 @@ def save_sharded_checkpoint(
     return final
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only what a DCP ``.metadata`` pickle names (listed from torch 2.13's writer)."""
+
+    _MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    _OTHERS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+               ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+               ("pathlib", "PureWindowsPath")}  # fmt: skip
+
+    def find_class(self, module: str, name: str):
+        import importlib
+
+        if module in self._MODULES:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type):  # dataclasses and enums only: no function of those modules is called
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) in self._OTHERS:
+            return getattr(importlib.import_module(module), name)
+        raise pickle.UnpicklingError(
+            f"DCP metadata names {module}.{name}, which a checkpoint's metadata never does"
+        )
+
+
+class SafeMetadataReader(dcp.FileSystemReader):
+    """DCP's file reader with ``.metadata`` read through :class:`_MetadataUnpickler` instead of ``pickle.load``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
 def load_sharded_checkpoint(
     folder: Path,
     model: torch.nn.Module,
@@ -167,7 +208,12 @@ def load_sharded_checkpoint(
         raise CheckpointError(f"{folder}: {err.filename} is missing (written by {meta.get('world_size')} "
                               "ranks?)") from None  # fmt: skip
     state, param_groups = _tensor_state(model, optimizer)
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
+    reader = SafeMetadataReader(str(folder))
+    try:  # read here first: inside dcp.load a refusal would surface as DCP's generic CheckpointException
+        reader.read_metadata()
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{folder / METADATA}: {err}; refusing the checkpoint") from None
+    dcp.load(state, storage_reader=reader)
     set_state_dict(
         model,
         optimizer,

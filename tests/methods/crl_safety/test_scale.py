@@ -225,6 +225,40 @@ def test_a_sharded_checkpoint_with_an_edited_file_is_refused_before_dcp_reads_it
         load_sharded_checkpoint(folder, fresh, fresh_opt)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_planted_pickle_in_dcp_metadata_does_not_run_even_with_a_rewritten_manifest(tmp_path):
+    """DCP's ``.metadata`` is read through a restricted unpickler: a pickle that would create a file is refused
+    (and never runs) even when whoever planted it also rewrote ``meta.json``'s sizes and SHA-256s."""
+    import json
+    import os
+    import pickle
+
+    from reprlab.errors import CheckpointError
+    from reprlab.runs.checkpoint import sha256_file
+    from reprlab.runs.dcp import load_sharded_checkpoint, save_sharded_checkpoint
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    folder = save_sharded_checkpoint(tmp_path / "t", 1, model, opt)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload()))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"][".metadata"] = {"size": (folder / ".metadata").stat().st_size,
+                                  "sha256": sha256_file(folder / ".metadata")}  # fmt: skip
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="system"):
+        fresh = torch.nn.Linear(3, 2)
+        load_sharded_checkpoint(folder, fresh, torch.optim.AdamW(fresh.parameters(), lr=0.1))
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------------- memory estimate
 def test_memory_estimate_counts_match_hf_and_peft():
     """Parameter and LoRA counts of the estimate against a real Llama (meta device) and peft on it."""
