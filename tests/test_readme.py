@@ -21,7 +21,19 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _code_blocks(text: str) -> list[str]:
-    return re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S)
+    """Shell code blocks (fence language empty, bash or sh), paired fence by fence."""
+    blocks, lang, lines = [], None, []
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if lang is None:
+                lang, lines = line[3:].strip(), []
+            else:
+                if lang in ("", "bash", "sh"):
+                    blocks.append("\n".join(lines) + "\n")
+                lang = None
+        elif lang is not None:
+            lines.append(line)
+    return blocks
 
 
 def _commands(text: str) -> list[list[str]]:
@@ -121,3 +133,24 @@ def test_citation_file_lists_the_four_papers():
     ):
         assert any(anthology_id in u for u in urls), anthology_id
         assert anthology_id in README.read_text(encoding="utf-8"), anthology_id
+
+
+@pytest.mark.parametrize("path", _markdown_files()[1:], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_commands_name_existing_commands_and_recipes(path: Path):
+    """Every ``reprlab ...`` line in a docs code block names a command that exists and, for run/config, a recipe
+    that exists (a renamed recipe or command fails here instead of in a reader's terminal)."""
+    recipes = all_recipes()
+    commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    bad = []
+    for block in _code_blocks(path.read_text(encoding="utf-8")):
+        lines = [re.sub(r"\s+#.*$", "", x).strip() for x in block.splitlines()]
+        argvs = [x.split() for x in lines if x.startswith(("reprlab ", "torchrun "))]  # shell lines only
+        for argv in argvs:
+            args = _reprlab_argv(argv)
+            if not args or args[0].startswith("-"):
+                continue
+            if args[0] not in commands:
+                bad.append(f"reprlab {args[0]} (no such command)")
+            elif args[0] in ("run", "config") and len(args) > 1 and args[1] not in recipes:
+                bad.append(f"reprlab {args[0]} {args[1]} (no such recipe)")
+    assert not bad, bad
