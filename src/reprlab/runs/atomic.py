@@ -130,3 +130,27 @@ def read_json(path: Path | str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
+
+
+def temp_sibling_dir(out: Path | str) -> Path:
+    """A temporary sibling folder of ``out`` to fill, then :func:`publish_dir` onto ``out`` (exports: a
+    finished folder or none)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
+    os.chmod(tmp, dir_mode())  # mkdtemp makes it private; the user's umask decides, as for run folders
+    return tmp
+
+
+def publish_dir(tmp: Path | str, out: Path | str) -> Path:
+    """Rename the filled ``tmp`` onto ``out`` (replacing an older ``out``), files with the user's umask."""
+    import shutil
+
+    tmp, out = Path(tmp), Path(out)
+    for f in tmp.iterdir():
+        if f.is_file():
+            os.chmod(f, file_mode())
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

@@ -7,14 +7,14 @@ A defence's adapter is stacked on stage 0's (see ``export.py`` for the algebra).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from reprlab.runs.atomic import publish_dir, temp_sibling_dir
 
 log = logging.getLogger(__name__)
 
@@ -103,39 +103,17 @@ def lora_config(fields: dict, base_id: str):
                       **fields)  # fmt: skip
 
 
-def _atomic_dir(out: Path):
-    """A temporary sibling of ``out`` to write into; renamed onto ``out`` by :func:`_publish`."""
-    from reprlab.runs.atomic import dir_mode
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
-    os.chmod(tmp, dir_mode())  # mkdtemp makes it private; the user's umask decides, as for run folders
-    return tmp
-
-
-def _publish(tmp: Path, out: Path) -> Path:
-    from reprlab.runs.atomic import file_mode
-
-    for f in tmp.iterdir():
-        if f.is_file():
-            os.chmod(f, file_mode())
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
-
-
 def write_adapter(out: Path, parts: list[LoraPart], base_id: str, note: str = "") -> Path:
     """Write ``parts`` stacked as one peft adapter folder (atomically: a finished folder or none)."""
     from safetensors.torch import save_file
 
     fields, state = stack(parts)
-    tmp = _atomic_dir(out)
+    tmp = temp_sibling_dir(out)
     try:
         lora_config(fields, base_id).save_pretrained(str(tmp))
         save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         (tmp / "README.md").write_text(_readme(base_id, fields["r"], note), encoding="utf-8")
-        return _publish(tmp, out)
+        return publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

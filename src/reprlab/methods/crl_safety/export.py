@@ -33,13 +33,12 @@ from pathlib import Path
 from reprlab.jsonfile import dumps_json
 from reprlab.methods.crl_safety.adapters import (  # re-exported: the export API
     LoraPart,
-    _atomic_dir,
-    _publish,
     lora_config,
     lora_part,
     stack,
     write_adapter,
 )
+from reprlab.runs.atomic import publish_dir, temp_sibling_dir
 
 log = logging.getLogger(__name__)
 STAGES = ("refusal", "rr", "crl", "crl_adv")
@@ -177,7 +176,7 @@ def save_merged(model, tok, out: Path, what: str = "") -> Path:
         clean.load_state_dict(model.state_dict())
         clean.generation_config = model.generation_config
         model = clean
-    tmp = _atomic_dir(out)
+    tmp = temp_sibling_dir(out)
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
@@ -186,7 +185,7 @@ def save_merged(model, tok, out: Path, what: str = "") -> Path:
             cfg.setdefault("chat_template", tok.chat_template)
             (tmp / "tokenizer_config.json").write_text(dumps_json(cfg, indent=2), encoding="utf-8")
         log.info("merged %s into %s", what, out)
-        return _publish(tmp, out)
+        return publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -22,48 +22,26 @@ Each folder is written under a temporary name and renamed: a finished export or 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.models.features import LOGIT_SCALE_MAX
+from reprlab.runs.atomic import publish_dir, temp_sibling_dir
 
 
 class NoThirdPartyFormat(ConfigError):
     """An architecture that no other library loads (our tiny ViT)."""
 
 
-def _atomic_dir(out: Path) -> Path:
-    from reprlab.runs.atomic import dir_mode
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp_{out.name}_"))
-    os.chmod(tmp, dir_mode())  # mkdtemp makes it private; the user's umask decides, as for run folders
-    return tmp
-
-
-def _publish(tmp: Path, out: Path) -> Path:
-    from reprlab.runs.atomic import file_mode
-
-    for f in tmp.iterdir():
-        if f.is_file():
-            os.chmod(f, file_mode())
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
-
-
 def _write(out: Path, fill) -> Path:
     """Fill a temporary sibling of ``out`` with ``fill(folder)``, then rename it onto ``out``."""
-    tmp = _atomic_dir(Path(out))
+    tmp = temp_sibling_dir(Path(out))
     try:
         fill(tmp)
-        return _publish(tmp, Path(out))
+        return publish_dir(tmp, Path(out))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
