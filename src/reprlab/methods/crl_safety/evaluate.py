@@ -107,7 +107,9 @@ def evaluate(name: str, model, tok, fmt: ChatFormat, data: EvalData, cfg: Attack
     say = log or (lambda *a: None)
     pad = tok.pad_token_id
     model.eval()
-    res: dict = {"model": name}
+    # the prompt lists themselves, so a run folder shows what was evaluated (e.g. a user's data.eval_jsonl)
+    res: dict = {"model": name, "prompts": {"harmful": list(data.harmful), "benign": list(data.harmless),
+                                            "xstest": list(data.xstest)}}  # fmt: skip
     p_ids = [fmt.prompt_ids(p) for p in data.harmful]
     prefixes = [fmt.response_ids(p, r, end_turn=False, max_tokens=cfg.prefill_tokens) for p, r in
                 zip(data.harmful, data.harmful_base_replies)]  # fmt: skip

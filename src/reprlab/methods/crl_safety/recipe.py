@@ -72,6 +72,14 @@ class DataCfg:
     n_xstest: int = field(default=16, metadata=_h("XSTest-style prompts (over-refusal)"))
     harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
+    eval_jsonl: str = field(
+        default="",
+        metadata=_h(
+            "optional held-out JSONL (same format) whose harmful prompts are attacked and whose harmless prompts "
+            "measure benign compliance, instead of the training source's held-out split; training prompts also in "
+            "it are dropped from training (n_harmful_eval / n_harmless_eval unused)"
+        ),
+    )
     system_prompt: str | None = field(
         default=None, metadata=_h("None keeps the template default; a string is sent as system message")
     )
@@ -270,7 +278,7 @@ def preflight(cfg: Config) -> None:
 def _splits(cfg: Config):
     d = cfg.data
     return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
-                       d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl)  # fmt: skip
+                       d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl)  # fmt: skip
 
 
 def run(cfg: Config, run) -> dict:
@@ -300,6 +308,9 @@ def _run(cfg: Config, run) -> dict:
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     d = cfg.data
     sp = _splits(cfg)
+    if d.eval_jsonl:
+        log(f"evaluation prompts from {d.eval_jsonl}: {len(sp.harmful_eval)} harmful, {len(sp.harmless_eval)} "
+            f"harmless; {sp.eval_overlap_dropped} training prompts also in it were dropped from training")  # fmt: skip
     judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label, device=device,
                        dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype],
                        rubric_threshold=cfg.judge.rubric_threshold, rubric_unparsed=cfg.judge.rubric_unparsed)  # fmt: skip
@@ -334,6 +345,7 @@ def _run(cfg: Config, run) -> dict:
         f"data.completion_model {d.completion_model}" if d.completion_model else f"the base model {cfg.model}"
     )
     source += f" (or {d.user_jsonl})" if d.user_jsonl else ""
+    source += f" (or {d.eval_jsonl} for held-out prompts)" if d.eval_jsonl else ""
     with section("judge base replies"):
         labels = judge(sp.harmful_train, g["harmful_train"])
         ev_labels = judge(sp.harmful_eval, g["harmful_eval"])
@@ -469,6 +481,8 @@ def _run(cfg: Config, run) -> dict:
         for k, v in headline(results[m]).items():
             summary[f"{m}.{k}"] = v
     summary["harmful_eval_sure_targets"] = n_sure
+    summary["eval_source"] = sp.eval_source
+    summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
     summary["model"] = cfg.model
     summary["variant"] = cfg.variant
     summary["seconds"] = round(time.time() - t_start, 1)
@@ -508,6 +522,17 @@ def report_sections(run_dir: Path) -> list[Section]:
     evals = {m: e for m, e in evals.items() if e is not None}
     out = []
     variant = cfg.get("variant", "full")
+    eval_file = (cfg.get("data") or {}).get("eval_jsonl") or ""
+    gen = _stage(run_dir, "generate") or {}
+    n_ev = {k: len((gen.get("splits") or {}).get(k, [])) for k in ("harmful_eval", "harmless_eval")}
+    eval_line = (
+        f" Evaluation prompts: `{eval_file}` (data.eval_jsonl: {n_ev['harmful_eval']} harmful attacked, "
+        f"{n_ev['harmless_eval']} harmless for benign compliance; training prompts also in it were dropped from "
+        "training); over-refusal uses the packaged XSTest-style set."
+        if eval_file
+        else " Evaluation prompts: the held-out split of the training source; over-refusal uses the packaged "
+        "XSTest-style set."
+    )
     out.append(
         Section(
             "Setup",
@@ -522,7 +547,7 @@ def report_sections(run_dir: Path) -> list[Section]:
                 "(each a LoRA on top of stage 0). Judge: offline markers + degeneration test [ours]; *comply* means the "
                 "model engaged without refusing or degenerating, an upper bound on harmfulness. ASR = share judged comply; "
                 "refuse and degenerate are reported separately. Compliant harmful replies and attack targets are the base "
-                "model's own generations (run time, never committed)."
+                "model's own generations (run time, never committed)." + eval_line
             ),
         )
     )
