@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
+from webdataset.shardlists import expand_urls as expand_braces  # what poison's inputs expand with
 
 from reprlab.cli import app
 from reprlab.methods.otcclip.config import TRIGGERS, PoisonConfig
@@ -19,7 +20,6 @@ from reprlab.methods.otcclip.data import shard_reader as rd
 from reprlab.methods.otcclip.data.fashion_files import write_fashion_files
 from reprlab.methods.otcclip.data.folder import load_image
 from reprlab.methods.otcclip.data.poison import mentions
-from reprlab.methods.otcclip.data.poison_io import expand_braces
 from reprlab.methods.otcclip.data.poison_shards import poison_dataset
 from reprlab.methods.otcclip.data.templates import CLIP_IMAGENET_TEMPLATES, load_templates
 from reprlab.methods.otcclip.data.triggers import apply_trigger

@@ -5,7 +5,6 @@ brace pattern as webdataset's) or a table, the poisoned shards' writer, and the 
 from __future__ import annotations
 
 import json
-import re
 import tarfile
 from pathlib import Path
 
@@ -14,24 +13,6 @@ from reprlab.methods.otcclip.data import shards as sh
 from reprlab.methods.otcclip.data.shard_reader import expand_shards
 from reprlab.methods.otcclip.data.sources import TABLE_SUFFIXES, TableSource
 
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Brace expansion as webdataset's: ``{000..002}`` (zero padding kept) and ``{a,b}``, any number of groups."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    body = m.group(1)
-    if r := _RANGE.fullmatch(m.group(0)):
-        lo, hi = r.group(1), r.group(2)
-        width = len(lo) if lo.startswith("0") else 0
-        parts = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-    else:
-        parts = body.split(",")
-    head, tail = pattern[: m.start()], pattern[m.end() :]
-    return [x for p in parts for x in expand_braces(head + p + tail)]
-
 
 def open_input(source: str | Path, image_root: str | Path = "") -> list[Path] | TableSource:
     """The shard paths of ``source`` (a folder, a ``.tar``, a brace pattern), or a :class:`TableSource`.
@@ -39,13 +20,8 @@ def open_input(source: str | Path, image_root: str | Path = "") -> list[Path] | 
     Raises:
         DataFileMissingError: naming the missing file or folder. DataError: not shards nor a table.
     """
-    text = str(source)
-    if "{" in text:
-        paths = [Path(p) for p in expand_braces(text)]
-        missing = [p for p in paths if not p.is_file()]
-        if missing:
-            raise DataFileMissingError(f"{missing[0]} (from {text}) does not exist ({len(missing)} missing)")
-        return paths
+    if "{" in str(source):  # a brace pattern: webdataset's expansion, every shard must exist
+        return expand_shards(str(source))
     path = Path(source)
     if not path.exists():
         raise DataFileMissingError(
