@@ -100,7 +100,10 @@ def test_user_data_poisoned_trained_evaluated_end_to_end(poisoned, tmp_path):
         imgs = torch.stack([_pil(f) for f, _ in test])
         labels = torch.tensor([c for _, c in test])
         pred = _classify(model, tok, imgs, classes, templates, 32)
-        assert summary[f"{d}.zeroshot_acc"] == pytest.approx((pred == labels).float().mean().item(), abs=1e-6)
+        # a different code path (our PIL loading and batching): one near-tied item may round the other way on
+        # another CPU's kernels, so one item of slack; a broken evaluation is off by far more
+        one = 1 / len(labels) + 1e-9
+        assert summary[f"{d}.zeroshot_acc"] == pytest.approx((pred == labels).float().mean().item(), abs=one)
         # each backdoor: images not of the target class, its planted trigger applied at 56 px; the key is the mean
         asrs = []
         for bd in p["backdoors"]:
@@ -109,10 +112,11 @@ def test_user_data_poisoned_trained_evaluated_end_to_end(poisoned, tmp_path):
                 imgs[keep], trig["kind"], trig["seed"], trig["patch"], trig["alpha"], **trig["params"]
             )
             asrs.append((_classify(model, tok, x, classes, templates, 32) == bag).float().mean().item())
+            n_bd = int(keep.sum())
             assert summary[f"{d}.asr_backdoor_{trig['kind']}"] == pytest.approx(
-                asrs[-1], abs=1e-6
-            )  # ~54 images
-        assert summary[f"{d}.asr_backdoor"] == pytest.approx(sum(asrs) / 2, abs=1e-6)
+                asrs[-1], abs=1 / n_bd + 1e-9
+            )  # ~54 images; one near-tied item of slack, as above
+        assert summary[f"{d}.asr_backdoor"] == pytest.approx(sum(asrs) / 2, abs=1 / n_bd + 1e-9)
     # `reprlab otcclip evaluate` on the finished run: the same keys, the same values (the same code path)
     res = CliRunner().invoke(app, ["otcclip", "evaluate", str(run.dir)])
     assert res.exit_code == 0, res.output
