@@ -14,6 +14,7 @@ gives bitwise the same weights, config, generation config and tokenizer (tested)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -163,8 +164,31 @@ def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: st
 def _from_pretrained(path: str, kwargs: dict, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs), tok
+    with _gguf_bar_off(bool(kwargs.get("gguf_file")) and os.environ.get("REPRLAB_QUIET") == "1"):
+        tok = AutoTokenizer.from_pretrained(path, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs), tok
+
+
+@contextlib.contextmanager
+def _gguf_bar_off(off: bool):
+    """Under ``--quiet``, no "Converting and de-quantizing GGUF tensors" bar: transformers draws it with a plain
+    tqdm that neither its progress-bar switch nor ``TQDM_DISABLE`` (read when tqdm is imported) reaches."""
+    if not off:
+        yield
+        return
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:  # another transformers layout: nothing to switch off
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 _IN_MEMORY: dict[str, tuple] = {}  # GGUF key -> (pristine model, tokenizer); callers get deep copies

@@ -119,3 +119,21 @@ def test_packaged_smollm2_from_the_disk_entry_equals_the_gguf(tmp_path, monkeypa
             m2(torch.tensor([ids])).logits, want
         )
     assert m2.generation_config.to_dict() == ref.generation_config.to_dict()
+
+
+def test_quiet_switches_off_the_gguf_conversion_bar_and_restores_it(capsys):
+    # transformers draws "Converting and de-quantizing GGUF tensors" with a plain tqdm; --quiet must hide it
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from reprlab.models.hf import _gguf_bar_off
+
+    before = gguf_utils.tqdm
+    with _gguf_bar_off(True):
+        for _ in gguf_utils.tqdm(range(3), desc="de-quantizing"):
+            pass
+    assert "de-quantizing" not in capsys.readouterr().err
+    assert gguf_utils.tqdm is before
+    with _gguf_bar_off(False):
+        for _ in gguf_utils.tqdm(range(3), desc="de-quantizing"):
+            pass
+    assert "de-quantizing" in capsys.readouterr().err
