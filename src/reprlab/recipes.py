@@ -21,7 +21,7 @@ from reprlab.results.claims import Claim, parse_claims
 
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
 REQUIRED_KEYS = ("description", "entry", "config")
-KNOWN_KEYS = (*REQUIRED_KEYS, "demo", "demo_order", "claims")
+KNOWN_KEYS = (*REQUIRED_KEYS, "base", "demo", "demo_order", "claims")
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,46 @@ def load_recipe_file(path: Path) -> Recipe:
     return recipe
 
 
-def _parse_recipe_file(path: Path) -> Recipe:
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_recipe_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's mapping, with its ``base:`` recipe (a sibling YAML) resolved underneath it: the base's
+    keys (but ``demo_order``), ``config`` merged key by key with this file's, every other key this file's where it
+    gives one."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
     except yaml.YAMLError as err:
         raise ConfigError(f"recipe file {path} is not valid YAML: {err}") from err
+    except OSError as err:
+        raise ConfigError(f"recipe file {path} cannot be read: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"recipe file {path} must be a mapping with keys {', '.join(REQUIRED_KEYS)}")
+    if "base" not in data:
+        return data
+    name = data.pop("base")
+    base_path = path.parent / f"{name}.yaml"
+    if not isinstance(name, str) or not base_path.is_file():
+        raise ConfigError(f"recipe file {path}: base {name!r} is not a recipe in {path.parent}")
+    if base_path in (*chain, path):
+        raise ConfigError(f"recipe file {path}: base recipes form a loop through {base_path}")
+    base = _read_recipe_yaml(base_path, (*chain, path))
+    # demo_order is not inherited: a variant joins `reprlab demo` only when it says so
+    merged = {
+        **{k: v for k, v in base.items() if k != "demo_order"},
+        **{k: v for k, v in data.items() if k != "config"},
+    }
+    merged["config"] = _merge(base.get("config") or {}, data.get("config") or {})
+    return merged
+
+
+def _parse_recipe_file(path: Path) -> Recipe:
+    data = _read_recipe_yaml(path)
     missing = [k for k in REQUIRED_KEYS if k not in data]
     unknown = [k for k in data if k not in KNOWN_KEYS]
     if missing or unknown:

@@ -40,3 +40,36 @@ def test_every_config_key_has_a_help_text():
         if keys:
             missing[name] = keys
     assert not missing, f"config keys without help (field metadata 'help'): {missing}"
+
+
+def test_a_recipe_with_a_base_merges_config_keywise_and_keeps_its_own_keys(tmp_path):
+    from reprlab.errors import ConfigError
+    from reprlab.recipes import load_recipe_file
+
+    d = tmp_path / "m" / "recipes"
+    d.mkdir(parents=True)
+    (d / "parent.yaml").write_text(
+        "description: parent\nentry: reprlab.methods.smoke.recipe\ndemo: [a=1]\ndemo_order: 3\n"
+        "config:\n  seed: 4\n  data: {n: 10, k: 2}\nclaims:\n  - {name: c, text: t, check: '{x} > 0'}\n"
+    )
+    (d / "child.yaml").write_text("description: child\nbase: parent\nconfig:\n  data: {k: 5}\n")
+    r = load_recipe_file(d / "child.yaml")
+    assert r.description == "child" and r.entry == "reprlab.methods.smoke.recipe" and r.demo == ("a=1",)
+    assert r.config == {"seed": 4, "data": {"n": 10, "k": 5}}  # key by key, the child's value wins
+    assert [c["name"] for c in r.raw_claims] == [
+        "c"
+    ] and r.demo_order is None  # demo membership not inherited
+    (d / "loop.yaml").write_text("description: loop\nbase: loop2\n")
+    (d / "loop2.yaml").write_text("description: loop2\nbase: loop\n")
+    with pytest.raises(ConfigError, match="form a loop"):
+        load_recipe_file(d / "loop.yaml")
+    (d / "orphan.yaml").write_text("description: o\nbase: nosuch\n")
+    with pytest.raises(ConfigError, match="base 'nosuch' is not a recipe in"):
+        load_recipe_file(d / "orphan.yaml")
+
+
+def test_crl_cross_tiny_is_crl_tiny_evaluated_on_another_source():
+    tiny, cross = (all_recipes()[n].build_config() for n in ("crl-tiny", "crl-cross-tiny"))
+    assert cross.data.eval_source == "ollama_forge" and tiny.data.eval_source == "split"
+    assert cross.defense == tiny.defense and cross.sft == tiny.sft and cross.attack == tiny.attack
+    assert all_recipes()["crl-cross-tiny"].claims() == all_recipes()["crl-tiny"].claims()

@@ -122,3 +122,35 @@ def test_tiny_run_evaluates_the_file_prompts(tmp_path):
     )
     setup = next(s for s in R.report_sections(out) if s.title == "Setup").text
     assert f"Evaluation prompts: `{ev}`" in setup and "2 harmful attacked, 3 harmless" in setup
+
+
+def test_eval_source_ollama_forge_holds_no_prompt_of_the_training_sources():
+    from reprlab.errors import ConfigError
+
+    sp = D.make_splits(0, 40, 12, 40, 20, 4, eval_source="ollama_forge")
+    assert (len(sp.harmful_eval), len(sp.harmless_eval)) == (12, 20) and sp.eval_source == D.OLLAMA_FORGE_EVAL
+    # drawn from ollama-forge's lists, none of them in HarmBench, Do-Not-Answer or our harmless list (ollama-forge's
+    # harmful list holds HarmBench behaviours, which a cross-source evaluation must not test)
+    theirs_h = {D.prompt_key(p) for p in D.ollama_forge_harmful()}
+    theirs_s = {D.prompt_key(p) for p in D.harmless_prompts("ollama_forge")}
+    assert all(D.prompt_key(p) in theirs_h for p in sp.harmful_eval)
+    assert all(D.prompt_key(p) in theirs_s for p in sp.harmless_eval)
+    train_pool = D.harmbench_prompts() + D.donotanswer_prompts() + D.harmless_prompts("ours")
+    assert not {D.prompt_key(p) for p in train_pool} & {
+        D.prompt_key(p) for p in sp.harmful_eval + sp.harmless_eval
+    }
+    assert {D.prompt_key(p) for p in D.ollama_forge_harmful()} & {
+        D.prompt_key(p) for p in D.harmbench_prompts()
+    }
+    big = D.make_splits(0, 40, 1000, 40, 20, 4, eval_source="ollama_forge")  # a draw that would hit HarmBench
+    assert not {D.prompt_key(p) for p in train_pool} & {D.prompt_key(p) for p in big.harmful_eval}
+    # seeded: the same seed the same prompts, another seed others
+    again = D.make_splits(0, 40, 12, 40, 20, 4, eval_source="ollama_forge")
+    assert again.harmful_eval == sp.harmful_eval and again.harmless_eval == sp.harmless_eval
+    assert D.make_splits(1, 40, 12, 40, 20, 4, eval_source="ollama_forge").harmless_eval != sp.harmless_eval
+    # the whole training source stays available: no held-out split is taken from it
+    assert len(D.make_splits(0, 40, 12, 70, 20, 4, eval_source="ollama_forge").harmless_train) == 70
+    with pytest.raises(ConfigError, match=r"must be one of \('split', 'ollama_forge'\)"):
+        D.make_splits(0, 40, 12, 40, 20, 4, eval_source="advbench")
+    with pytest.raises(ConfigError, match="both name the held-out prompts"):
+        D.make_splits(0, 40, 12, 40, 20, 4, eval_jsonl="x.jsonl", eval_source="ollama_forge")

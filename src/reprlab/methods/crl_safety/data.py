@@ -231,6 +231,37 @@ def load_eval_jsonl(path: str | Path) -> EvalPrompts:
     )
 
 
+EVAL_SOURCES = ("split", "ollama_forge")
+OLLAMA_FORGE_EVAL = "ollama-forge (AdvBench/JailbreakBench-derived harmful, Alpaca-style harmless)"
+
+
+def ollama_forge_harmful() -> list[str]:
+    """ollama-forge's 1,434 harmful instructions (AdvBench, HarmBench, JailbreakBench and two more sources)."""
+    return _read_lines(_package_dir("ollama_forge") / "data" / "abliterate_harmful_default.txt")
+
+
+def packaged_eval(source: str, seed: int, n_harmful: int, n_harmless: int, exclude: set[str]) -> EvalPrompts:
+    """Held-out prompts from another packaged source than the training one (``data.eval_source``).
+
+    ``ollama_forge``: ``n_harmful`` of ollama-forge's harmful instructions and ``n_harmless`` of its Alpaca-style
+    harmless ones, a seeded sample of those whose :func:`prompt_key` is not in ``exclude`` (every prompt of the
+    training sources) [ours: a cross-source evaluation must not test prompts the training source holds, and
+    ollama-forge's harmful list includes HarmBench].
+    """
+    if source != "ollama_forge":
+        raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {source!r}")
+    rng = random.Random(f"eval-source:{source}:{seed}")
+    out = []
+    for pool, n, what in ((ollama_forge_harmful(), n_harmful, "harmful"),
+                          (harmless_prompts("ollama_forge"), n_harmless, "harmless")):  # fmt: skip
+        pool = [p for p in dict.fromkeys(pool) if prompt_key(p) not in exclude]
+        if n > len(pool):
+            raise DataError(f"data.eval_source={source}: asked for {n} {what} prompts, {len(pool)} are not in "
+                            "the training sources")  # fmt: skip
+        out.append(rng.sample(pool, n))
+    return EvalPrompts(OLLAMA_FORGE_EVAL, out[0], out[1], {})
+
+
 @dataclass(frozen=True)
 class PromptSplits:
     """Disjoint prompt lists for one run."""
@@ -254,7 +285,7 @@ def _take(pool: list[str], n: int, what: str, source: str = "") -> list[str]:
 def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless_train: int,
                 n_harmless_eval: int, n_xstest: int, harmless_source: str = "ours",
                 dna_files: tuple[str, ...] = DNA_HARMFUL_FILES, user_jsonl: str = "",
-                eval_jsonl: str = "") -> PromptSplits:  # fmt: skip
+                eval_jsonl: str = "", eval_source: str = "split") -> PromptSplits:  # fmt: skip
     """Split by prompt. Held-out harmful prompts are HarmBench behaviours (the ASR definition's set);
     training harmful prompts are the other HarmBench behaviours plus Do-Not-Answer [ours].
 
@@ -266,9 +297,27 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     prompt that also occurs in the evaluation file (same text up to case and whitespace) is dropped from
     training, never from the evaluation, and counted in ``eval_overlap_dropped`` [ours: the evaluation set is
     the user's fixed benchmark; the training source is the larger and replaceable side].
+
+    ``eval_source`` other than ``split`` does the same with prompts of another packaged source
+    (:func:`packaged_eval`, ``n_harmful_eval`` / ``n_harmless_eval`` of them); it cannot be combined with
+    ``eval_jsonl``.
     """
+    if eval_source not in EVAL_SOURCES:
+        raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {eval_source!r}")
+    if eval_jsonl and eval_source != "split":
+        raise ConfigError(f"data.eval_jsonl and data.eval_source={eval_source} both name the held-out prompts; "
+                          "set one of them")  # fmt: skip
     rng = random.Random(seed)
     ev = load_eval_jsonl(eval_jsonl) if eval_jsonl else None
+    if eval_source != "split":
+        train_pool = (
+            [e.prompt for e in load_user_jsonl(user_jsonl)]
+            if user_jsonl
+            else harmbench_prompts() + donotanswer_prompts(dna_files) + harmless_prompts(harmless_source)
+        )
+        ev = packaged_eval(
+            eval_source, seed, n_harmful_eval, n_harmless_eval, {prompt_key(p) for p in train_pool}
+        )
     n_h_ev, n_s_ev = (0, 0) if ev else (n_harmful_eval, n_harmless_eval)
     src = f"{user_jsonl}: " if user_jsonl else ""
     if user_jsonl:
@@ -307,7 +356,7 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         dropped = n_before - len(h_train) - len(s_pool)
         h_eval, s_eval = ev.harmful, ev.harmless
         responses = {**responses, **ev.responses}
-        src = f"{src}(after dropping {dropped} prompts also in {eval_jsonl}) " if dropped else src
+        src = f"{src}(after dropping {dropped} prompts also in {ev.path}) " if dropped else src
     s_train = _take(s_pool, n_harmless_train, "harmless train", src)
     xs = xstest_prompts()
     rng.shuffle(xs)

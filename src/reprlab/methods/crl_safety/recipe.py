@@ -80,6 +80,15 @@ class DataCfg:
             "it are dropped from training (n_harmful_eval / n_harmless_eval unused)"
         ),
     )
+    eval_source: str = field(
+        default="split",
+        metadata=_h(
+            "held-out prompts: 'split' (the training source's held-out split) or 'ollama_forge' [ours: a cross-source "
+            "check]: n_harmful_eval AdvBench/JailbreakBench-derived harmful and n_harmless_eval Alpaca-style harmless "
+            "prompts of ollama-forge (CC BY-NC 4.0), none of them in the training sources"
+        )
+        | {"choices": ("split", "ollama_forge")},
+    )
     system_prompt: str | None = field(
         default=None, metadata=_h("None keeps the template default; a string is sent as system message")
     )
@@ -278,7 +287,8 @@ def preflight(cfg: Config) -> None:
 def _splits(cfg: Config):
     d = cfg.data
     return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
-                       d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl)  # fmt: skip
+                       d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl,
+                       eval_source=d.eval_source)  # fmt: skip
 
 
 def run(cfg: Config, run) -> dict:
@@ -308,8 +318,8 @@ def _run(cfg: Config, run) -> dict:
     fmt = ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     d = cfg.data
     sp = _splits(cfg)
-    if d.eval_jsonl:
-        log(f"evaluation prompts from {d.eval_jsonl}: {len(sp.harmful_eval)} harmful, {len(sp.harmless_eval)} "
+    if d.eval_jsonl or d.eval_source != "split":
+        log(f"evaluation prompts from {sp.eval_source}: {len(sp.harmful_eval)} harmful, {len(sp.harmless_eval)} "
             f"harmless; {sp.eval_overlap_dropped} training prompts also in it were dropped from training")  # fmt: skip
     judge = make_judge(cfg.judge.backend, cfg.judge.model_id, cfg.judge.comply_label, device=device,
                        dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype],
