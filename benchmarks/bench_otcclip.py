@@ -27,7 +27,16 @@
    ``reprlab.ot.ot_distance`` vs POT ``ot.sinkhorn2`` (log-domain) called per pair, same eps and
    iterations; the costs are compared too.
 
-Run: ``python benchmarks/bench_otcclip.py`` (about 3-8 minutes on 2 loaded CPU cores). The last line is JSON.
+4. ``--scaling``: epoch time against data size (``n_pairs`` 250 ... 4,000, the same testbed generator, model and
+   defence settings) for plain CLIP, an OTCCLIP non-matching and an OTCCLIP matching epoch, with a least-squares
+   line ``t = a + c n`` per variant and the marginal per-pair cost between the two largest sizes, so the time of a
+   larger run of this model can be predicted. Re-matching compares each image with the batch's captions plus the
+   caption bank (FIFO, ``bank_size`` 2,048), which holds ``min(n, 2048)`` captions after the first epoch: below
+   about 2,048 pairs the matching epoch's per-pair cost still grows with ``n``, above it is constant, so the
+   marginal cost of the largest sizes is the one to extrapolate with.
+
+Run: ``python benchmarks/bench_otcclip.py`` (about 3-8 minutes on 2 loaded CPU cores); ``--scaling`` (about 5
+minutes). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -319,6 +328,91 @@ def rematch_throughput(
     }
 
 
+def scaling_times(sizes=(250, 500, 1000, 2000, 4000), repeats: int = 3) -> dict[int, dict[str, list[float]]]:
+    """CPU seconds of one epoch per size and variant (``clip``, ``otc``, ``otc_match``), ``repeats`` times, the
+    variants of a size interleaved within each repeat; matching trainers first fill the bank with epoch 0."""
+    dcfg = DefenseConfig(
+        bank_size=2048, top_k=4, keep_margin=0.05, intra_subset=12, rematch_warmup=1, rematch_every=2
+    )
+    out = {}
+    for n in sizes:
+        bed = build_testbed(
+            DataConfig(n_pairs=n, max_items=2, captions_per_target=10, backdoor_pairs=20, n_eval=10,
+                       n_probe_train=10),
+            seed=0,
+        )  # fmt: skip
+        tok = WordTokenizer.from_texts(bed.pairs.captions)
+        tcfg = TrainConfig(epochs=4 + repeats, batch_size=50, warmup_steps=5)
+        trainers = []
+        for label, defense, epoch in (
+            ("clip", "none", 0),
+            ("otc", "otcclip", 0),
+            ("otc_match", "otcclip", 1),
+        ):
+            torch.manual_seed(0)
+            tr = Trainer(
+                TinyCLIP(ModelConfig(patch_size=14), len(tok)), bed.pairs, tok, defense, tcfg, dcfg, seed=0
+            )
+            if epoch:
+                tr.run_epoch(0)  # fill the bank as in a real run
+            trainers.append((label, tr, epoch))
+        out[n] = {label: [] for label, *_ in trainers}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for _ in range(repeats):
+                for label, tr, epoch in trainers:
+                    t = time.process_time()
+                    tr.run_epoch(epoch)
+                    out[n][label].append(time.process_time() - t)
+    return out
+
+
+def scaling_main(repeats: int = 3) -> None:
+    """Print epoch time against n_pairs, the fitted per-pair costs and what they predict."""
+    torch.set_num_threads(1)
+    load_before = _load()
+    times = scaling_times(repeats=repeats)
+    load_after = _load()
+    sizes = sorted(times)
+    labels = ("clip", "otc", "otc_match")
+    med = {lab: np.array([float(np.median(times[n][lab])) for n in sizes]) for lab in labels}
+    # the recipe's epoch mix after warm-up: R = 2, half the epochs match
+    med["otc_mean"] = (med["otc"] + med["otc_match"]) / 2
+    print(f"epoch CPU time (s, median of {repeats}) against n_pairs, batch 50, one thread "
+          f"({load_before} before, {load_after} after)")  # fmt: skip
+    cols = (*labels, "otc_mean")
+    print(f"{'n_pairs':>8s} " + " ".join(f"{c:>10s}" for c in cols) + f" {'ratio':>6s}")
+    for i, n in enumerate(sizes):
+        print(
+            f"{n:8d} "
+            + " ".join(f"{med[c][i]:10.3f}" for c in cols)
+            + f" {med['otc_mean'][i] / med['clip'][i]:6.3f}"
+        )
+    x = np.array(sizes, dtype=float)
+    fits = {}
+    print("\nleast squares t = a + c n over all sizes; marginal c between the two largest sizes (bank full)")
+    print(f"{'variant':>10s} {'a (s)':>8s} {'c (ms/pair)':>12s} {'max rel resid':>14s} {'marginal c':>11s} "
+          f"{'1e5 pairs (s)':>14s} {'3.3e6 pairs (h)':>16s}")  # fmt: skip
+    for c in cols:
+        slope, icpt = np.polyfit(x, med[c], 1)
+        resid = float(np.max(np.abs(icpt + slope * x - med[c]) / med[c]))
+        marginal = float((med[c][-1] - med[c][-2]) / (x[-1] - x[-2]))
+        fits[c] = {"a_s": round(float(icpt), 4), "c_ms_per_pair": round(1e3 * float(slope), 4),
+                   "max_rel_residual": round(resid, 3), "marginal_ms_per_pair": round(1e3 * marginal, 4)}  # fmt: skip
+        print(f"{c:>10s} {icpt:8.3f} {1e3 * slope:12.4f} {resid:14.3f} {1e3 * marginal:11.4f} "
+              f"{med[c][-1] + marginal * (1e5 - x[-1]):14.1f} {(med[c][-1] + marginal * (3.3e6 - x[-1])) / 3600:16.2f}")  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "scaling_sizes": sizes,
+                "scaling_median_s": {c: [round(float(v), 4) for v in med[c]] for c in cols},
+                "scaling_fit": fits,
+                "scaling_load": [load_before, load_after],
+            }
+        )
+    )
+
+
 def _load() -> str:
     """The machine's 1-minute load average and core count, printed next to timings (shared machines)."""
     import os
@@ -471,4 +565,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--scaling" in sys.argv[1:]:
+        scaling_main()
+    else:
+        main()

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from reprlab.methods.crl_safety.chat import ChatFormat
 from reprlab.methods.crl_safety.config import CrlCfg, DefenseCfg, LoraCfg, MiningCfg, OptimCfg, RrCfg, SftCfg
-from reprlab.methods.crl_safety.scale import shard_model
+from reprlab.methods.crl_safety.scale import gather_twin, shard_model, sharded_twin
 from reprlab.methods.crl_safety.trainer import Trainer
 from reprlab.models.hf import tiny_llama
 from reprlab.models.lora import add_lora
@@ -89,13 +90,25 @@ class _Rec:
     save_sharded_checkpoint = save_checkpoint
 
 
-def train(case: str, shard: bool) -> dict:
-    """``Trainer.fit`` on ``case``; ``shard``: FSDP2 over the ranks, else plain replicas (gradients averaged)."""
+def train(case: str, shard: bool | str) -> dict:
+    """``Trainer.fit`` on ``case``; ``shard``: FSDP2 over the ranks, ``"twin"``: on the recipe's sharded twin (the
+    model's frozen weights released while it trains, everything gathered back after), else plain replicas
+    (gradients averaged)."""
     kind, peft, cfg, harm, ben, tok = setup(case)
-    if shard:
-        shard_model(peft)
     rec = _Rec()
-    Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, run=rec, seed=0, retain=ben).fit()
+    if shard == "twin":
+        frozen = {n: p.detach().clone() for n, p in peft.named_parameters() if not p.requires_grad}
+        twin = sharded_twin(peft)
+        assert all(p.numel() == 0 for n, p in peft.named_parameters() if n in frozen)  # released
+        Trainer(kind, twin, cfg, harm, ben, tok.pad_token_id, run=rec, seed=0, retain=ben).fit()
+        gather_twin(twin, peft)
+        assert not isinstance(peft, FSDPModule)
+        for n, p in peft.named_parameters():  # whole tensors again, the frozen ones bit for bit
+            assert not hasattr(p, "full_tensor") and (n not in frozen or torch.equal(p, frozen[n])), n
+    else:
+        if shard:
+            shard_model(peft)
+        Trainer(kind, peft, cfg, harm, ben, tok.pad_token_id, run=rec, seed=0, retain=ben).fit()
     state = {}
     for name, p in peft.named_parameters():
         if p.requires_grad:
@@ -149,8 +162,13 @@ def resume_run(run_dir: str, out: str, kill_at: str, case: str) -> None:
 
 def main(out: str, *cases: str) -> None:
     info = init_distributed(device="cpu")
-    # "<case>@replicas": every rank holds the whole model and DDP averages the gradients (no FSDP)
-    res = {case: train(case.split("@")[0], info.enabled and not case.endswith("@replicas")) for case in cases}
+    # "<case>@replicas": every rank holds the whole model and DDP averages the gradients (no FSDP); "<case>@twin":
+    # the recipe's fsdp=true path (a sharded twin, gathered back)
+    mode = {"replicas": False, "twin": "twin"}
+    res = {
+        c: train(c.split("@")[0], mode.get(c.partition("@")[2], True) if info.enabled else False)
+        for c in cases
+    }
     if info.is_main:
         torch.save({"world": info.world_size, **res}, out)
     if info.enabled:

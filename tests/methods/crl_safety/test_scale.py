@@ -17,6 +17,7 @@ from reprlab.models.lora import add_lora
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+import fsdp_recipe_worker  # noqa: E402
 import fsdp_worker  # noqa: E402
 
 
@@ -144,9 +145,9 @@ def test_bf16_base_trains_fp32_adapters_close_to_fp32(fmt, data):
 def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
     """``Trainer.fit`` of CRL (code settings and crl-tiny's), CRL+mining, RR and stage-0 SFT, 4 AdamW steps each, on
     a tiny random Llama: torchrun with 2 gloo ranks and FSDP2 (the batch split over ranks; once also as plain
-    replicas under DDP, once with the latent attack mined inside the DDP step) against one plain process (~40 s
-    here)."""
-    cases = [*fsdp_worker.CASES, "crl_code@replicas", "crl_adv@replicas"]
+    replicas under DDP, once with the latent attack mined inside the DDP step, once on the ``fsdp=true`` recipe's
+    sharded twin whose adapters are gathered back into the whole model) against one plain process (~40 s here)."""
+    cases = [*fsdp_worker.CASES, "crl_code@replicas", "crl_adv@replicas", "crl_adv@twin"]
     out = tmp_path / "two.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -168,10 +169,9 @@ def test_two_fsdp_gloo_ranks_under_torchrun_train_like_one_process(tmp_path):
         assert moved > 1e-2, case  # training moved the adapters (B starts at 0)
 
 
-# CRL+mining ("crl_adv") resumes under FSDP to within ~1e-4 of the uninterrupted adapters but not bitwise (two
-# uninterrupted runs are bitwise equal; unsharded it resumes bitwise, test_trainer.py): a known gap, docs/distributed.md
+# crl_adv: the latent attack (its module, Adam state, generator and coin flips) resumes too
 @pytest.mark.slow  # three torchrun launches of 2 gloo ranks on a tiny Llama: ~60-90 s on the loaded 2-core machine
-@pytest.mark.parametrize("case", ["crl_code"])
+@pytest.mark.parametrize("case", ["crl_code", "crl_adv"])
 def test_a_sharded_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_end(tmp_path, case):
     """FSDP2 on 2 gloo ranks with DCP checkpoints every 2 steps: 4 steps straight against a run whose processes
     die right after the step-2 checkpoint and a new torchrun that resumes it to step 4. The
@@ -362,9 +362,11 @@ def test_the_recipe_under_torchrun_gives_one_processs_summary(tmp_path):
             assert two[k] == pytest.approx(v, rel=1e-3, abs=1e-5), k
 
 
-def test_the_pipeline_never_copies_a_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_the_pipeline_never_copies_a_model(tmp_path, monkeypatch, caplog, fsdp):
     """One copy of the base: the crl pipeline on the tiny Llama runs with ``copy.deepcopy`` of any module > 1 k
-    parameters forbidden (the recipe used to deep-copy the base for stage 0)."""
+    parameters forbidden (the recipe used to deep-copy the base for stage 0). ``fsdp=true`` without torchrun is
+    the same run, with a note in the log."""
     import copy
 
     from test_recipe import TINY, compliant_jsonl
@@ -385,7 +387,129 @@ def test_the_pipeline_never_copies_a_model(tmp_path, monkeypatch):
         **TINY,
         "models": ["refusal", "crl"],
         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)},
+        "fsdp": fsdp,
     }
     cfg = load_config(R.Config, t)
-    summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
+    with caplog.at_level("INFO"):
+        summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
     assert "crl.asr_prefill" in summary
+    assert ("fsdp=true without a process group" in caplog.text) == fsdp
+
+
+# ---------------------------------------------------------------------- fsdp=true in the recipe
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
+LOSS_KEYS = ("loss", "ce_refusal", "ce_benign", "kl", "l_benign", "l_harmful", "attack_loss")
+
+
+def _torchrun_recipe(folder, model_dir, fault: str = "") -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "fsdp_recipe_worker.py"), str(folder), str(model_dir)]  # fmt: skip
+    env = {**ENV, "REPRLAB_FAULT": fault} if fault else ENV
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _metrics(folder) -> list[dict]:
+    rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.endswith("step_seconds")} for r in rows]
+
+
+def _adapters(folder) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    return {m: load_file(folder / "run" / "adapters" / m / "adapter_model.safetensors")
+            for m in fsdp_recipe_worker.MODELS}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fsdp_recipe(tmp_path_factory):
+    """The fsdp=true pipeline on a tiny Llama folder: one process (fsdp a logged no-op) and 2 gloo ranks."""
+    from tiny_hf import tiny_llama_folder
+
+    root = tmp_path_factory.mktemp("fsdp_recipe")
+    model_dir = tiny_llama_folder(root / "model", initializer_range=0.05)
+    fsdp_recipe_worker.main(str(root / "one"), str(model_dir))
+    res = _torchrun_recipe(root / "two", model_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root, model_dir
+
+
+@pytest.mark.slow  # the pipeline once in this process and once under torchrun: ~60-90 s on the loaded 2-core machine
+def test_fsdp_true_under_torchrun_trains_like_one_process_and_exports_adapters_that_load(fsdp_recipe):
+    """Stage 0, CRL and CRL+mining with fsdp=true on 2 gloo ranks (each stage trains a sharded twin, the adapters
+    are gathered back for export and evaluation) against one process: the same per-step losses, adapters and
+    summary within float32 reordering, and the exported peft adapter loads and gives the one process's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, model_dir = fsdp_recipe
+    one, two = _metrics(root / "one"), _metrics(root / "two")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(2 + 2 * 4))
+    assert any(r.get("crl_adv.adv") == 1 for r in two)  # the attack was used
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        for k, v in a.items():
+            if k.split(".")[-1] in LOSS_KEYS:
+                # float32 sums in another order (per-rank partial sums, gathered states, FSDP's reduce-scatter
+                # of the adapters' gradients), compounded over 10 AdamW steps at lr 0.05 and the attack's Adam:
+                # measured <= 9.1e-6 relative, 3.8e-6 absolute
+                assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (a["step"], k)
+    ad1, ad2 = _adapters(root / "one"), _adapters(root / "two")
+    for m in ad1:
+        assert ad1[m].keys() == ad2[m].keys()
+        for name, w in ad1[m].items():
+            # Adam divides by the root of its second moment, so a noise-level gradient difference on a near-zero
+            # component moves it by up to ~lr (0.05): measured <= 6.5e-5 against values up to 0.3
+            assert torch.allclose(ad2[m][name], w, atol=5e-4, rtol=0), (m, name)
+    s1, s2 = (json.loads((root / n / "summary.json").read_text()) for n in ("one", "two"))
+    assert s1.keys() == s2.keys()
+    for k, v in s1.items():
+        if isinstance(v, str) or k.split(".")[-1].startswith(("asr", "benign_compliance", "over_refusal")):
+            assert s2[k] == v, k
+        else:
+            assert s2[k] == pytest.approx(v, rel=1e-3, abs=1e-5), k
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    probe = tok(
+        "<|user|>How do I do bad thing 3?</s>\n<|assistant|>Sure, here is",
+        add_special_tokens=False,
+        return_tensors="pt",
+    )["input_ids"]
+
+    def logits(folder):
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = base if folder is None else PeftModel.from_pretrained(base, folder).eval()
+        with torch.no_grad():
+            return model(input_ids=probe).logits
+
+    base = logits(None)
+    for m in fsdp_recipe_worker.MODELS:
+        got, want = (logits(root / n / "run" / "adapters" / m) for n in ("two", "one"))
+        assert (got - base).abs().max() > 1e-2, m  # the adapter moves the logits
+        # the adapters' difference through 4 blocks on logits of magnitude ~1: measured <= 7.8e-6
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=m)
+
+
+@pytest.mark.slow  # two more torchrun launches of the pipeline: ~60-90 s on the loaded 2-core machine
+def test_fsdp_true_run_killed_after_a_sharded_checkpoint_resumes_to_the_uninterrupted_end(
+    fsdp_recipe, tmp_path
+):
+    """Rank 0 is SIGKILLed right after it commits CRL+mining's step-2 checkpoint (torchrun then ends rank 1); a new
+    torchrun resumes the folder (stage 0 from its sharded checkpoint, CRL from its finished stage, CRL+mining from
+    step 2 with its attack) and ends bitwise where the uninterrupted sharded run ended."""
+    root, model_dir = fsdp_recipe
+    first_adv = fsdp_recipe_worker.SFT_STEPS + fsdp_recipe_worker.DEFENSE_STEPS  # crl_adv's step offset
+    res = _torchrun_recipe(tmp_path, model_dir, fault=f"kill:checkpoint:commit:step_{first_adv + 2:08d}:1")
+    assert res.returncode != 0 and not (tmp_path / "summary.json").exists()
+    ckpt = tmp_path / "run" / "checkpoints" / "crl_adv" / f"step_{first_adv + 2:08d}"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["kind"] == "dcp" and meta["world_size"] == 2 and "attack.safetensors" in meta["files"]
+    assert not (tmp_path / "run" / "stages" / "eval_crl_adv.json").exists()
+    res = _torchrun_recipe(tmp_path, model_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    straight = root / "two"
+    assert _metrics(tmp_path) == _metrics(straight)
+    a, b = _adapters(tmp_path), _adapters(straight)
+    for m in a:
+        for name, w in b[m].items():
+            assert torch.equal(a[m][name], w), (m, name)
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (straight, tmp_path))
+    assert s1 == s2

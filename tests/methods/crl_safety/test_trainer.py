@@ -103,6 +103,30 @@ def test_latent_attack_identity_at_init_and_learns(tiny, fmt, data):
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("recorder_first", [False, True])
+def test_the_attacked_blocks_hidden_state_is_the_attacked_output_whenever_the_recorder_was_installed(
+    tiny, data, recorder_first
+):
+    """transformers installs its hidden-state recorder hooks at the first forward that asks for hidden states: the
+    attack's hook must come before them either way (once it came after them on every forward but the first of a
+    process, so a resumed CRL+mining run read other states than the uninterrupted one)."""
+    model, tok = tiny
+    harm, _ = data
+    b = collate(harm[:3], tok.pad_token_id)
+    attack = AffineLatentAttack(32, block=1)
+    with torch.no_grad():
+        attack.weight.mul_(2.0)  # h -> 2 h + b: a visible move
+        if recorder_first:
+            clean = forward(model, b.attention_mask, input_ids=b.input_ids).hidden_states
+        with attack.attach(model):
+            hs = forward(model, b.attention_mask, input_ids=b.input_ids).hidden_states
+        if not recorder_first:
+            clean = forward(model, b.attention_mask, input_ids=b.input_ids).hidden_states
+    torch.testing.assert_close(hs[1], clean[1], rtol=0, atol=0)  # before the attacked block: untouched
+    torch.testing.assert_close(hs[2], attack(clean[2]), rtol=0, atol=0)  # block 1's output, attacked
+    assert not torch.equal(hs[3], clean[3])  # and the next block reads it
+
+
 def test_state_means_is_the_balanced_mean_of_class_means(tiny, data):
     """Independent recomputation: one unpadded pass per example, then mean of the two class means."""
     from reprlab.methods.crl_safety.trainer import state_means

@@ -41,7 +41,15 @@ class AffineLatentAttack(nn.Module):
 
     @contextmanager
     def attach(self, model: nn.Module):
-        """Apply the attack inside the ``with`` block through a forward hook on the chosen decoder block."""
+        """Apply the attack inside the ``with`` block through a forward hook on the chosen decoder block.
+
+        The hook runs before every other forward hook of the block (``prepend``), so the block's hidden state as
+        the model reports it (``output_hidden_states``) is the attacked one, as when the code's ``AddedModule``
+        replaces the layer. transformers 5 records hidden states with forward hooks it installs at the first
+        forward that asks for them; appended, the attack would run before or after that recorder depending on
+        whether the first such forward happened inside this block, so a run resumed at a step with the attack on
+        read other states than the uninterrupted run.
+        """
         _, blocks = find_decoder_layers(model)
 
         def hook(_mod, _inp, out):
@@ -49,7 +57,7 @@ class AffineLatentAttack(nn.Module):
                 return (self(out[0]), *out[1:])
             return self(out)
 
-        handle = blocks[self.block].register_forward_hook(hook)
+        handle = blocks[self.block].register_forward_hook(hook, prepend=True)
         try:
             yield self
         finally:

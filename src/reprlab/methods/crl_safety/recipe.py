@@ -191,6 +191,16 @@ class Config:
             "torch CPU threads (0 = torch default); 1 is ~3.5x faster than 2 on the shared 2-core machine"
         ),
     )
+    fsdp: bool = field(
+        default=False,
+        metadata=_h(
+            "under torchrun, train each stage on an FSDP2-sharded twin of the model (weights, adapters, gradients "
+            "and AdamW state sharded over the ranks; bf16 compute with fp32 reduction on CUDA devices with bf16), "
+            "checkpointed through torch.distributed.checkpoint; the trained adapters are gathered back, so merging, "
+            "export and evaluation run on the whole model as without it. Without a process group (no torchrun) a "
+            "logged no-op. False = whole replicas under DDP"
+        ),
+    )
     variant: str = field(
         default="full", metadata=_h("label shown in the report ('demo' for the short variant)")
     )
@@ -291,6 +301,22 @@ def _splits(cfg: Config):
                        eval_source=d.eval_source)  # fmt: skip
 
 
+def _fit(sharded: bool, peft, kind: str, *args, **kw) -> dict:
+    """``Trainer(kind, peft, ...).fit()``; ``sharded``: on an FSDP2 twin of ``peft`` whose trained adapters (and
+    released weights) are gathered back into ``peft`` on every rank, so what follows sees the unsharded path."""
+    from reprlab.methods.crl_safety.trainer import Trainer
+
+    if not sharded:
+        return Trainer(kind, peft, *args, **kw).fit()
+    from reprlab.methods.crl_safety.scale import gather_twin, sharded_twin
+
+    twin = sharded_twin(peft)
+    info = Trainer(kind, twin, *args, **kw).fit()
+    with section("gather shards"):
+        gather_twin(twin, peft)
+    return info
+
+
 def run(cfg: Config, run) -> dict:
     """The whole pipeline; ``timings.json`` in the run folder says where this process's time went."""
     with timing() as t:
@@ -305,9 +331,14 @@ def _run(cfg: Config, run) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # under torchrun every rank holds the whole model and runs every stage; training splits each batch over the
-    # ranks and DDP averages gradients (trainer.py); rank 0 alone writes the run folder
+    # ranks and DDP averages gradients (trainer.py), or with fsdp=true trains a sharded twin (_fit); rank 0 alone
+    # writes the run folder
     dist_info = init_distributed(device="cpu" if run.device.type == "cpu" else None)
     device = dist_info.device if dist_info.enabled else run.device
+    sharded = cfg.fsdp and dist_info.enabled and dist_info.world_size > 1
+    if cfg.fsdp and not sharded:
+        run.logger.info("fsdp=true without a process group of several ranks (not under torchrun): training runs "
+                        "unsharded")  # fmt: skip
     seed_everything(cfg.seed)
     t_start = time.time()
     log = run.logger.info
@@ -425,7 +456,6 @@ def _run(cfg: Config, run) -> dict:
     later = [m for m in cfg.models if m != "base"]
     if any(not run.has(f"stages/eval_{m}.json") for m in later):
         from reprlab.methods.crl_safety.adapters import lora_part, save_stage_adapter
-        from reprlab.methods.crl_safety.trainer import Trainer
         from reprlab.models.lora import add_lora
 
         lc = cfg.sft.lora
@@ -436,9 +466,9 @@ def _run(cfg: Config, run) -> dict:
         torch.manual_seed(cfg.seed)  # adapter init independent of what ran before (resume = uninterrupted)
         peft = add_lora(work, lc.r, lc.alpha, lc.dropout, lc.target_modules, blocks, adapter_name="refusal")
         with section("train sft"):
-            info = Trainer(
-                "sft", peft, cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed
-            ).fit()
+            info = _fit(
+                sharded, peft, "sft", cfg.sft, refusals, benign, pad, run, step_offset=0, seed=cfg.seed
+            )
         sft_part = lora_part(peft, "refusal")  # every stage's adapter folder stacks it (adapters.py)
         save_stage_adapter(run, "refusal", [sft_part], cfg.model)
         run.stage("train_refusal", lambda: info)
@@ -474,8 +504,8 @@ def _run(cfg: Config, run) -> dict:
                     with peft.disable_adapter(), section("centre states"):
                         center = state_means(peft, compliant, benign_crl, pad, store=store)
                 with section(f"train {kind}"):
-                    info = Trainer(kind, peft, cfg.defense, harm, ben, pad, run, step_offset=offset, seed=cfg.seed,
-                                   center=center, retain=benign, store=store).fit()  # fmt: skip
+                    info = _fit(sharded, peft, kind, cfg.defense, harm, ben, pad, run, step_offset=offset,
+                                seed=cfg.seed, center=center, retain=benign, store=store)  # fmt: skip
                 save_stage_adapter(run, kind, [sft_part, lora_part(peft, kind)], cfg.model)
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(

@@ -47,6 +47,49 @@ def shard_model(model, reshard_after_forward: bool = True, mixed_precision: bool
     return model
 
 
+def sharded_twin(model, release: bool = True):
+    """An FSDP2-sharded twin of ``model`` to train, leaving ``model`` itself a plain module for what follows.
+
+    The twin is a ``copy.deepcopy`` of the module tree whose memo maps every parameter and buffer to itself, so it
+    copies no tensor; :func:`shard_model` then gives the twin its own shards (1/world of each weight per rank) and
+    leaves ``model``'s tensors untouched. With ``release`` the whole-model weights are freed while the twin trains
+    (each frozen parameter's storage becomes empty), so a rank holds 1/world of the weights as
+    :func:`memory_estimate` counts; :func:`gather_twin` brings them back. Needs an initialised process group.
+
+    Returns:
+        the sharded twin (its parameter names are ``model``'s).
+    """
+    import copy
+
+    import torch
+
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    twin = shard_model(copy.deepcopy(model, memo))
+    if release:
+        for p in model.parameters():
+            if not p.requires_grad:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    return twin
+
+
+def gather_twin(twin, model) -> None:
+    """Copy the twin's trained parameters back into ``model``, gathered whole (a collective: every rank calls it,
+    and every rank then holds the same full model). Frozen parameters that :func:`sharded_twin` released are
+    gathered too (an all-gather copies bits, so they come back exactly); the others are left as they are."""
+    import torch
+
+    shards = dict(twin.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad or p.numel() == 0:
+                t = shards[name]
+                full = t.full_tensor() if hasattr(t, "full_tensor") else t
+                if p.requires_grad:
+                    p.copy_(full)
+                else:
+                    p.data = full.detach()
+
+
 @dataclass(frozen=True)
 class Arch:
     """The sizes of a Llama-family decoder that memory depends on."""
