@@ -205,3 +205,26 @@ def test_resume_after_a_fault_mid_training_ends_with_the_same_selection(tmp_path
     ea, eb = (load_file(str(d / "adapters" / "crl" / "adapter_model.safetensors"))
               for d in (tmp_path / "whole", tmp_path / "cut"))  # fmt: skip
     assert all(torch.equal(ea[k], eb[k]) for k in ea)
+
+
+SELECTION_KEYS = (".selected_step", ".val_benign_compliance", ".val_asr_prefill")
+
+
+def test_validation_points_leave_training_as_it_was(tmp_path):
+    """With rule 'last' the exported adapter is bitwise the one of a run without validation prompts: measuring and
+    snapshotting draws no random number and leaves the adapters in training mode (LoRA dropout 0.05 is on)."""
+    on = _cfg(tmp_path, ["crl"], rule="last")
+    off = load_config(R.Config, {**TINY, "models": ["crl"],
+                                 "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)},
+                                 "defense": {**TINY["defense"], "optim": {"steps": 4, "batch_size": 2,
+                                                                          "checkpoint_every": 2}}})  # fmt: skip
+    s_on = R.run(on, Run.create(tmp_path / "on", on, "crl-tiny", quiet=True))
+    s_off = R.run(off, Run.create(tmp_path / "off", off, "crl-tiny", quiet=True))
+    assert s_on["crl.selected_step"] == 4 and "crl.selected_step" not in s_off
+    ea, eb = (
+        load_file(str(tmp_path / d / "adapters" / "crl" / "adapter_model.safetensors")) for d in ("on", "off")
+    )
+    assert ea.keys() == eb.keys() and all(torch.equal(ea[k], eb[k]) for k in ea)
+    assert {k: v for k, v in s_off.items() if k != "seconds"} == {
+        k: v for k, v in s_on.items() if k != "seconds" and not k.endswith(SELECTION_KEYS)
+    }
