@@ -673,7 +673,8 @@ def _stage(run_dir: Path, name: str):
 # shares of prompts (ASR = judged comply, refuse, degenerate, compliance) and MC accuracies: Wilson intervals
 SUMMARY_KINDS = {"*.asr_*": "proportion", "*_refuse": "proportion", "*_degenerate": "proportion",
                  "*.benign_compliance": "proportion", "*.over_refusal": "proportion",
-                 "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion"}  # fmt: skip
+                 "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion",
+                 "*.val_benign_compliance": "proportion", "*.val_asr_prefill": "proportion"}  # fmt: skip
 HEADLINE = Headline(
     rows=tuple((label, m) for label, m in (("base (no defence)", "base"), ("stage 0: refusal LoRA [ours]", "refusal"),
                                            ("RR (circuit breakers)", "rr"), ("CRL", "crl"),
