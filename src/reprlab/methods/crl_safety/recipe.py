@@ -525,6 +525,10 @@ def _run(cfg: Config, run) -> dict:
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
     validating = bool(sp.harmless_val)
+    val_ref, selections = (
+        None,
+        {},
+    )  # what this process measured (other ranks never read rank 0's files mid-run)
     if validating:
         val_labels = judge(sp.harmful_val, g["harmful_val"])
         val_replies = [r if lab == "comply" else SURE_TARGET for r, lab in zip(g["harmful_val"], val_labels)]
@@ -627,7 +631,7 @@ def _run(cfg: Config, run) -> dict:
                                 callback=callback)  # fmt: skip
                 if validating:
                     sel = _select(cfg, kind, peft, snaps, vsteps, val_ref, log)
-                    run.stage(f"select_{kind}", lambda sel=sel: sel)
+                    selections[kind] = run.stage(f"select_{kind}", lambda sel=sel: sel)
                 save_stage_adapter(run, kind, [sft_part, lora_part(peft, kind)], cfg.model)
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(
@@ -643,13 +647,12 @@ def _run(cfg: Config, run) -> dict:
         for k, v in headline(results[m]).items():
             summary[f"{m}.{k}"] = v
     if validating:  # selection only: validation numbers are never results
-        summary["refusal.val_benign_compliance"] = read_stage(run.dir / "stages" / "val_refusal.json")[
-            "benign_compliance"
-        ]
+        val_ref = val_ref or read_stage(run.dir / "stages" / "val_refusal.json")
+        summary["refusal.val_benign_compliance"] = val_ref["benign_compliance"]
         for m in cfg.models:
             p = run.dir / "stages" / f"select_{m}.json"
-            if p.exists():
-                sel = read_stage(p)
+            if m in selections or p.exists():
+                sel = selections.get(m) or read_stage(p)
                 summary[f"{m}.selected_step"] = sel["chosen_step"]
                 summary[f"{m}.val_benign_compliance"] = sel["chosen"]["benign_compliance"]
                 summary[f"{m}.val_asr_prefill"] = sel["chosen"]["asr_prefill"]
