@@ -78,6 +78,24 @@ def test_validation_prompts_are_disjoint_and_leave_the_other_splits_unchanged(tm
         make_splits(0, *n, n_harmless_val=10_000, **kw)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "defense.select.rule=benign_floor data.n_harmless_val=10 data.n_harmful_val=8",
+        "data.eval_source=ollama_forge data.n_harmless_eval=24 defense.select.rule=benign_floor "
+        "data.n_harmless_val=12 data.n_harmful_val=8",
+    ],
+)
+def test_the_documented_crl_tiny_lines_have_enough_validation_prompts(line):
+    from reprlab.recipes import get_recipe
+
+    cfg = load_config(R.Config, get_recipe("crl-tiny").config, line.split())
+    assert cfg.defense.select.rule == "benign_floor"
+    R.check_select(cfg)
+    sp = R._splits(cfg)
+    assert (len(sp.harmful_val), len(sp.harmless_val)) == (cfg.data.n_harmful_val, cfg.data.n_harmless_val)
+
+
 def test_select_config_is_checked_before_any_model_loads():
     with pytest.raises(ConfigError, match="n_harmless_val"):
         R.preflight(load_config(R.Config, {**TINY, "defense": {"select": {"rule": "benign_floor"}}}))

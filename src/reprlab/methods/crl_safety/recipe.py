@@ -706,7 +706,8 @@ def _selection_section(run_dir: Path, plt) -> Section | None:
             ax.axhline(s["floor"], color="gray", lw=1, ls=":", label="floor (stage 0 - tolerance)")
         ax.axvline(s["chosen_step"], color="red", lw=1, alpha=0.6, label="chosen step")
         ax.set(xlabel="training step", ylim=(-0.05, 1.05), title=f"{m} (rule {s['rule']})")
-        ax.legend(fontsize=7)
+        if ax is axes[0][0]:
+            ax.legend(fontsize=7)
         for p in s["points"]:
             rows.append({"defence": m, "step": p["step"], "val_benign_compliance": p["benign_compliance"],
                          "val_asr_prefill": p["asr_prefill"], "chosen": p["step"] == s["chosen_step"]})  # fmt: skip
