@@ -337,25 +337,31 @@ def test_memory_estimate_of_the_8b_recipe_is_dominated_by_activations_without_ch
 
 
 @pytest.mark.slow  # two pipelines on a tiny Llama, one under torchrun: ~40 s on the loaded 2-core machine
-def test_the_recipe_under_torchrun_gives_one_processs_summary(tmp_path):
+@pytest.mark.parametrize("select", [False, True])
+def test_the_recipe_under_torchrun_gives_one_processs_summary(tmp_path, select):
     """The whole crl pipeline (generate, stage 0, RR, CRL, CRL+mining, every attack) with 2 gloo ranks: each rank
-    holds the model, training splits the batches; the summary matches one process."""
+    holds the model, training splits the batches; the summary matches one process. ``select``: with validation
+    points (every rank measures, rank 0 writes) and the benign_floor rule, the same steps are chosen."""
     import json
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "REPRLAB_QUIET": "1"}
     worker = str(HERE / "recipe_worker.py")
+    extra = ["select"] if select else []
     runs = {
-        "one": [sys.executable, worker, str(tmp_path / "one")],
+        "one": [sys.executable, worker, str(tmp_path / "one"), *extra],
         "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
-                str(tmp_path / "two")],
+                str(tmp_path / "two"), *extra],
     }  # fmt: skip
     for name, cmd in runs.items():
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, (name, res.stderr[-3000:])
     one, two = (json.loads((tmp_path / n / "summary.json").read_text()) for n in runs)
     assert one.keys() == two.keys()
+    assert select == ("crl.selected_step" in one)
     for k, v in one.items():
-        if isinstance(v, str) or k.split(".")[-1].startswith(("asr", "benign_compliance", "over_refusal")):
+        if isinstance(v, str) or k.split(".")[-1].startswith(
+            ("asr", "benign_compliance", "over_refusal", "selected_step", "val_")
+        ):
             assert two[k] == v, k  # judged shares: the same replies
         else:
             # float32 sums in another order: KLs of ~1e-6 differ by up to 5e-7 (measured), cosines by < 1e-6

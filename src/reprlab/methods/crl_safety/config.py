@@ -185,6 +185,33 @@ class MiningCfg:
     )
 
 
+SELECT_RULES = ("last", "benign_floor")
+
+
+@dataclass(frozen=True)
+class SelectCfg:
+    """Which training step of each defence is exported and evaluated [ours]; ``select.py`` holds the rule."""
+
+    rule: str = field(
+        default="last",
+        metadata=_h(
+            "'last': the final step (the paper's fixed schedule as far as we know); 'benign_floor' [ours]: at every "
+            "validation point measure benign compliance on data.n_harmless_val validation prompts and prefill ASR on "
+            "data.n_harmful_val; keep the latest step whose benign compliance >= stage 0's - tolerance, else the "
+            "earliest validation step"
+        )
+        | {"choices": SELECT_RULES},
+    )
+    every: int = field(
+        default=0,
+        metadata=_h("steps between validation points; 0 = optim.checkpoint_every (the last step always)"),
+    )
+    tolerance: float = field(
+        default=0.05,
+        metadata=_h("benign_floor: how far below stage 0's validation benign compliance a step may fall"),
+    )
+
+
 @dataclass(frozen=True)
 class DefenseCfg:
     """One trainer for RR, CRL and CRL+mining; they share optimisation and differ in the loss only."""
@@ -201,3 +228,4 @@ class DefenseCfg:
     crl: CrlCfg = field(default_factory=CrlCfg)
     rr: RrCfg = field(default_factory=RrCfg)
     mining: MiningCfg = field(default_factory=MiningCfg)
+    select: SelectCfg = field(default_factory=SelectCfg)

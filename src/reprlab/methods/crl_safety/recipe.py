@@ -32,11 +32,18 @@ from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.chat import forward as chat_forward
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.data import REFUSALS, make_splits
-from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline
+from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline, validate
 from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.gcg import allowed_tokens
 from reprlab.methods.crl_safety.judge import check_judge_cfg, make_judge
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
+from reprlab.methods.crl_safety.select import (
+    Snapshots,
+    adapter_tensors,
+    choose_step,
+    load_adapter_tensors,
+    validation_steps,
+)
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.report.figures import pyplot
@@ -70,6 +77,20 @@ class DataCfg:
     n_harmless_train: int = field(default=32, metadata=_h("harmless training prompts"))
     n_harmless_eval: int = field(default=16, metadata=_h("held-out harmless prompts (benign compliance, KL)"))
     n_xstest: int = field(default=16, metadata=_h("XSTest-style prompts (over-refusal)"))
+    n_harmful_val: int = field(
+        default=0,
+        metadata=_h(
+            "[ours] harmful validation prompts (prefilling ASR of each validation point, defense.select), drawn from "
+            "the training source after the training prompts; never reported as results. 0 = none"
+        ),
+    )
+    n_harmless_val: int = field(
+        default=0,
+        metadata=_h(
+            "[ours] harmless validation prompts (benign compliance of each validation point, defense.select), drawn "
+            "from the training source after the training prompts; never reported as results. 0 = no validation"
+        ),
+    )
     harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
     eval_jsonl: str = field(
@@ -277,6 +298,7 @@ def preflight(cfg: Config) -> None:
             f"judge.rubric_unparsed must be 'offline' or 'error' and judge.rubric_threshold in [0, 1], got "
             f"{cfg.judge.rubric_unparsed!r} and {cfg.judge.rubric_threshold}"
         )
+    check_select(cfg)
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
     if cfg.capability.mc:
         load_mc(cfg.capability.mc_file)  # validates a user's file before any model loads
@@ -294,20 +316,79 @@ def preflight(cfg: Config) -> None:
                 check_model_available(mid, what)
 
 
+def check_select(cfg: Config) -> None:
+    """Raises ConfigError when ``defense.select`` cannot run as configured."""
+    sel, d = cfg.defense.select, cfg.data
+    if sel.rule != "last" and (d.n_harmless_val < 1 or d.n_harmful_val < 1):
+        raise ConfigError(
+            f"defense.select.rule={sel.rule} chooses a step on validation prompts: set data.n_harmless_val and "
+            f"data.n_harmful_val >= 1 (got {d.n_harmless_val} and {d.n_harmful_val})"
+        )
+    if cfg.fsdp and d.n_harmless_val:
+        raise ConfigError(
+            "validation points (data.n_harmless_val > 0, defense.select) generate on the whole model during "
+            "training, which an FSDP2-sharded twin does not hold: use fsdp=false (DDP) with validation"
+        )
+    if sel.every < 0 or not 0.0 <= sel.tolerance <= 1.0:
+        raise ConfigError(
+            f"defense.select.every must be >= 0 and defense.select.tolerance in [0, 1], got {sel.every} and "
+            f"{sel.tolerance}"
+        )
+
+
 def _splits(cfg: Config):
     d = cfg.data
     return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
                        d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl,
-                       eval_source=d.eval_source)  # fmt: skip
+                       eval_source=d.eval_source, n_harmful_val=d.n_harmful_val,
+                       n_harmless_val=d.n_harmless_val)  # fmt: skip
 
 
-def _fit(sharded: bool, peft, kind: str, *args, **kw) -> dict:
+def _validation_callback(peft, vsteps: set[int], snaps, do_validate, device, log, kind: str):
+    """Trainer callback of ``defense.select``: at a validation step, measure and snapshot the adapter.
+
+    Generation is greedy in eval mode and torch's RNG is forked, so training continues exactly as without it.
+    """
+
+    def cb(done: int) -> None:
+        if done not in vsteps:
+            return
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]), section("validation"):
+            point = {"step": done, **do_validate(peft)}
+        peft.train()
+        log(f"[{kind}] validation step {done}: benign compliance {point['benign_compliance']:.2f}, prefill ASR "
+            f"{point['asr_prefill']:.2f}")  # fmt: skip
+        snaps.save(done, point, adapter_tensors(peft))
+
+    return cb
+
+
+def _select(cfg: Config, kind: str, peft, snaps, vsteps: list[int], val_ref: dict, log) -> dict:
+    """Apply ``defense.select``'s rule to the validation points of ``kind`` and load the chosen snapshot into
+    ``peft`` (what is exported and evaluated next); the JSON-able record of the choice."""
+    sc = cfg.defense.select
+    points = [snaps.point(s) for s in vsteps]
+    ch = choose_step(points, val_ref["benign_compliance"], sc.tolerance, sc.rule)
+    load_adapter_tensors(peft, snaps.tensors(ch.step))
+    chosen = next(p for p in points if p["step"] == ch.step)
+    log(f"[{kind}] defense.select.rule={sc.rule}: step {ch.step} of {vsteps[-1]} (validation benign compliance "
+        f"{chosen['benign_compliance']:.2f}, stage 0 {val_ref['benign_compliance']:.2f})")  # fmt: skip
+    keep = ("step", "benign_compliance", "asr_prefill")
+    return {"rule": sc.rule, "tolerance": sc.tolerance, "reference": val_ref["benign_compliance"],
+            "floor": ch.floor, "qualified": ch.qualified, "chosen_step": ch.step, "last_step": vsteps[-1],
+            "chosen": {k: chosen[k] for k in keep}, "points": [{k: p[k] for k in keep} for p in points],
+            "snapshot": f"selection/{kind}/step_{ch.step:08d}.safetensors"}  # fmt: skip
+
+
+def _fit(sharded: bool, peft, kind: str, *args, callback=None, **kw) -> dict:
     """``Trainer(kind, peft, ...).fit()``; ``sharded``: on an FSDP2 twin of ``peft`` whose trained adapters (and
     released weights) are gathered back into ``peft`` on every rank, so what follows sees the unsharded path."""
     from reprlab.methods.crl_safety.trainer import Trainer
 
     if not sharded:
-        return Trainer(kind, peft, *args, **kw).fit()
+        return Trainer(kind, peft, *args, **kw).fit(callback)
+    if callback is not None:  # check_select rejects this configuration before any model loads
+        raise ConfigError("validation points need fsdp=false")
     from reprlab.methods.crl_safety.scale import gather_twin, sharded_twin
 
     twin = sharded_twin(peft)
@@ -367,16 +448,31 @@ def _run(cfg: Config, run) -> dict:
                 both[: len(sp.harmful_train)],
                 both[len(sp.harmful_train) :],
             )
-        for k in ("harmful_train", "harmful_eval"):  # a user's own responses win
-            out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]
+        if sp.harmful_val:  # a call of its own, so the other lists' batches are what they were without it
+            out["harmful_val"] = (
+                _completion_replies(cfg, device, sp.harmful_val)
+                if d.completion_model
+                else _base_replies(ref, tok, fmt, sp.harmful_val, d.response_tokens)
+            )
+        for k in ("harmful_train", "harmful_eval") + (("harmful_val",) if sp.harmful_val else ()):
+            out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]  # user's win
         out["splits"] = {
             k: getattr(sp, k)
             for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest")
         }
+        for k in (
+            "harmful_val",
+            "harmless_val",
+        ):  # only when asked for: earlier run folders stay as they were
+            if getattr(sp, k):
+                out["splits"][k] = getattr(sp, k)
         return out
 
     with section("generate base replies"):
         g = run.stage("generate", gen_stage)
+    if sp.harmful_val and "harmful_val" not in g:
+        raise ConfigError(f"{run.dir}: this run folder was started without validation prompts; resume it without "
+                          "data.n_harmful_val / data.n_harmless_val or start a new run")  # fmt: skip
 
     def pair(p, r, end):
         return fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens)
@@ -428,6 +524,17 @@ def _run(cfg: Config, run) -> dict:
         )
     pad = tok.pad_token_id
     results: dict[str, dict] = {}
+    validating = bool(sp.harmless_val)
+    val_ref, selections = (
+        None,
+        {},
+    )  # what this process measured (other ranks never read rank 0's files mid-run)
+    if validating:
+        val_labels = judge(sp.harmful_val, g["harmful_val"])
+        val_replies = [r if lab == "comply" else SURE_TARGET for r, lab in zip(g["harmful_val"], val_labels)]
+
+    def do_validate(model) -> dict:
+        return validate(model, tok, fmt, sp.harmful_val, val_replies, sp.harmless_val, cfg.attack, judge)
 
     cap = cfg.capability
     mc_items = load_mc(cap.mc_file) if cap.mc else []
@@ -476,6 +583,9 @@ def _run(cfg: Config, run) -> dict:
             results["refusal"] = do_eval(
                 "refusal", peft, frozen_ctx=peft.disable_adapter(), frozen_store=base_store
             )
+        if validating:  # stage 0's validation benign compliance: the reference of defense.select's floor
+            with section("validation refusal"):
+                val_ref = run.stage("val_refusal", lambda: do_validate(peft))
         model0 = peft.merge_and_unload()
         offset = cfg.sft.optim.steps
         center = None
@@ -503,9 +613,25 @@ def _run(cfg: Config, run) -> dict:
                 if center is None and cfg.defense.center_states:  # one stage 0, one centre for every defence
                     with peft.disable_adapter(), section("centre states"):
                         center = state_means(peft, compliant, benign_crl, pad, store=store)
+                callback = None
+                if validating:
+                    n_steps = (
+                        (cfg.defense.rr.steps or cfg.defense.optim.steps)
+                        if kind == "rr"
+                        else cfg.defense.optim.steps
+                    )
+                    vsteps = validation_steps(
+                        n_steps, cfg.defense.select.every or cfg.defense.optim.checkpoint_every
+                    )
+                    snaps = Snapshots(run.dir, kind, write=run.is_main)
+                    callback = _validation_callback(peft, set(vsteps), snaps, do_validate, device, log, kind)
                 with section(f"train {kind}"):
                     info = _fit(sharded, peft, kind, cfg.defense, harm, ben, pad, run, step_offset=offset,
-                                seed=cfg.seed, center=center, retain=benign, store=store)  # fmt: skip
+                                seed=cfg.seed, center=center, retain=benign, store=store,
+                                callback=callback)  # fmt: skip
+                if validating:
+                    sel = _select(cfg, kind, peft, snaps, vsteps, val_ref, log)
+                    selections[kind] = run.stage(f"select_{kind}", lambda sel=sel: sel)
                 save_stage_adapter(run, kind, [sft_part, lora_part(peft, kind)], cfg.model)
                 run.stage(f"train_{kind}", lambda info=info: info)
                 results[kind] = do_eval(
@@ -520,6 +646,16 @@ def _run(cfg: Config, run) -> dict:
     for m in cfg.models:
         for k, v in headline(results[m]).items():
             summary[f"{m}.{k}"] = v
+    if validating:  # selection only: validation numbers are never results
+        val_ref = val_ref or read_stage(run.dir / "stages" / "val_refusal.json")
+        summary["refusal.val_benign_compliance"] = val_ref["benign_compliance"]
+        for m in cfg.models:
+            p = run.dir / "stages" / f"select_{m}.json"
+            if m in selections or p.exists():
+                sel = selections.get(m) or read_stage(p)
+                summary[f"{m}.selected_step"] = sel["chosen_step"]
+                summary[f"{m}.val_benign_compliance"] = sel["chosen"]["benign_compliance"]
+                summary[f"{m}.val_asr_prefill"] = sel["chosen"]["asr_prefill"]
     summary["harmful_eval_sure_targets"] = n_sure
     summary["eval_source"] = sp.eval_source
     summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
@@ -540,7 +676,8 @@ def _stage(run_dir: Path, name: str):
 # shares of prompts (ASR = judged comply, refuse, degenerate, compliance) and MC accuracies: Wilson intervals
 SUMMARY_KINDS = {"*.asr_*": "proportion", "*_refuse": "proportion", "*_degenerate": "proportion",
                  "*.benign_compliance": "proportion", "*.over_refusal": "proportion",
-                 "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion"}  # fmt: skip
+                 "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion",
+                 "*.val_benign_compliance": "proportion", "*.val_asr_prefill": "proportion"}  # fmt: skip
 HEADLINE = Headline(
     rows=tuple((label, m) for label, m in (("base (no defence)", "base"), ("stage 0: refusal LoRA [ours]", "refusal"),
                                            ("RR (circuit breakers)", "rr"), ("CRL", "crl"),
@@ -549,6 +686,43 @@ HEADLINE = Headline(
           ("ASR GCG", "asr_gcg"), ("benign compliance", "benign_compliance"), ("over-refusal", "over_refusal")),
     pattern="{row}.{col}", corner="model",
     caption="Attack success (share judged comply; lower is better) and utility per model")  # fmt: skip
+
+
+def _selection_section(run_dir: Path, plt) -> Section | None:
+    """Validation curves of ``defense.select`` per defence (from ``stages/select_<kind>.json``); None without."""
+    sels = {m: _stage(run_dir, f"select_{m}") for m in ("rr", "crl", "crl_adv")}
+    sels = {m: s for m, s in sels.items() if s is not None}
+    if not sels:
+        return None
+    ref = (_stage(run_dir, "val_refusal") or {}).get("benign_compliance", float("nan"))
+    fig, axes = plt.subplots(1, len(sels), figsize=(4.6 * len(sels), 3.8), squeeze=False)
+    rows = []
+    for ax, (m, s) in zip(axes[0], sels.items()):
+        steps = [p["step"] for p in s["points"]]
+        ax.plot(steps, [p["benign_compliance"] for p in s["points"]], "-o", label="val benign compliance")
+        ax.plot(steps, [p["asr_prefill"] for p in s["points"]], "--x", label="val prefill ASR")
+        ax.axhline(ref, color="gray", lw=1, label="stage 0 benign compliance")
+        if s["rule"] != "last":
+            ax.axhline(s["floor"], color="gray", lw=1, ls=":", label="floor (stage 0 - tolerance)")
+        ax.axvline(s["chosen_step"], color="red", lw=1, alpha=0.6, label="chosen step")
+        ax.set(xlabel="training step", ylim=(-0.05, 1.05), title=f"{m} (rule {s['rule']})")
+        if ax is axes[0][0]:
+            ax.legend(fontsize=7)
+        for p in s["points"]:
+            rows.append({"defence": m, "step": p["step"], "val_benign_compliance": p["benign_compliance"],
+                         "val_asr_prefill": p["asr_prefill"], "chosen": p["step"] == s["chosen_step"]})  # fmt: skip
+    fig.tight_layout()
+    any_s = next(iter(sels.values()))
+    text = (
+        f"[ours] Every defence was measured at each validation point on validation prompts drawn from the training "
+        f"source (disjoint from training and evaluation; never reported as results): benign compliance on the "
+        f"harmless ones, prefilling ASR on the harmful ones. Rule **{any_s['rule']}** (tolerance {any_s['tolerance']}): "
+        "the latest step whose benign compliance is at least stage 0's minus the tolerance, else the earliest; "
+        "'last' keeps the final step. The chosen step's adapter is the one exported and evaluated above. Stage 0's "
+        f"validation benign compliance: {ref:.2f}."
+    )
+    return Section("Choosing the step on validation prompts [ours]", text, figure=fig,
+                   children=[Section("Validation points", table=rows, collapsed=True)])  # fmt: skip
 
 
 def report_sections(run_dir: Path) -> list[Section]:
@@ -666,6 +840,9 @@ def report_sections(run_dir: Path) -> list[Section]:
                        "minus the frozen states' mean, since shared high-norm directions pin raw cos near 1); probe AUROC of "
                        "harmful vs benign sequences in the model's own states.", figure=fig,
                        children=[Section("Per layer", table=mech_rows, collapsed=True)]))  # fmt: skip
+    sel = _selection_section(run_dir, plt)
+    if sel is not None:
+        out.append(sel)
     samples = []
     for m, e in evals.items():
         for i in range(min(2, len(e["prefill"]["generations"]))):

@@ -452,8 +452,14 @@ class Trainer:
         else:
             self.model.gradient_checkpointing_disable()
 
-    def fit(self) -> dict[str, float]:
-        """Train ``self.steps`` steps, resuming from the latest checkpoint of tag ``kind``."""
+    def fit(self, callback=None) -> dict[str, float]:
+        """Train ``self.steps`` steps, resuming from the latest checkpoint of tag ``kind``.
+
+        Args:
+            callback: called as ``callback(done)`` after the optimizer step that completes local step ``done``
+                (1-based), before that step's checkpoint, on every rank; it must leave the training state (adapters,
+                RNGs) as it found it. Used to measure and snapshot validation points (``select.py``).
+        """
         o = self.cfg.optim
         start = 0
         # replicas hold identical adapters and AdamW state, so rank 0's checkpoint is every rank's and all ranks resume
@@ -497,6 +503,8 @@ class Trainer:
             if self.run is not None and (step % o.log_every == 0 or step == self.steps - 1):
                 self.run.log(self.offset + step, **{f"{self.kind}.{k}": v for k, v in hist[-1].items()})
             done = step + 1
+            if callback is not None:
+                callback(done)
             if saves and (done % o.checkpoint_every == 0 or done == self.steps):
                 with section("checkpoint"):
                     modules, optims, extra = self._ckpt_parts()
