@@ -214,7 +214,9 @@ def main() -> None:
         for i in range(args.repeats)
     ]
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-    print(f"otcclip-mosaic-tiny ({args.defense}, epoch 0), 2 gloo ranks, global batch 50, {res['tensors']} tensors:")
+    print(
+        f"otcclip-mosaic-tiny ({args.defense}, epoch 0), 2 gloo ranks, global batch 50, {res['tensors']} tensors:"
+    )
     print(f"{'variant':<10} {'step ms (median)':>18} {'collectives/step':>18}")
     for k in ("per_param", "ddp"):
         print(f"{k:<10} {med[k]:>18.1f} {res['collectives_per_step'][k]:>18d}")

@@ -106,7 +106,9 @@ def test_attribute_words_are_read_from_the_image(web):
         if cap.split(" ")[0:1] == ["small"] or " small " in f" {cap} ":
             assert extent <= 31, cap  # small: drawn at <= 31 px
         if " large " in f" {cap} ":
-            assert extent >= 22, cap  # large: drawn at >= 39 px; dark items lose faint pixels to the threshold
+            assert extent >= 22, (
+                cap
+            )  # large: drawn at >= 39 px; dark items lose faint pixels to the threshold
     assert checked > 20
 
 
@@ -116,7 +118,9 @@ def test_concept_match_hand_computed():
     sig = torch.tensor([0, 1, 0])
     # own caption excluded: image 0 -> caption 1 (sig 1, miss), image 1 -> caption 2 (sig 0, miss),
     # image 2 -> caption 0 (sig 0, hit)
-    assert nn_concept_match(img, txt, sig, torch.tensor([0, 1, 2]), bank_size=10, seed=0) == pytest.approx(1 / 3)
+    assert nn_concept_match(img, txt, sig, torch.tensor([0, 1, 2]), bank_size=10, seed=0) == pytest.approx(
+        1 / 3
+    )
     assert nn_concept_match(img, txt, sig, torch.tensor([2]), bank_size=10, seed=0) == 1.0
     # a bank of one caption: each chunk draws one random caption; image 2 hits only on caption 0
     got = nn_concept_match(img, txt, sig, torch.tensor([2]), bank_size=1, seed=0)
