@@ -68,7 +68,8 @@ def report_sections(run_dir: Path) -> list[Section]:
             + f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
             f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
             + (
-                "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
+                "Real Fashion-MNIST item images; scenes (or canvases) and captions are composed by us, not a web "
+                "corpus."
                 if data.get("testbed", "fashion_mnist") in ("fashion_mnist", "fashion_web")
                 else "GENERATED shapes data (not real images)."
             ),
