@@ -10,7 +10,7 @@ from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.config import DEFAULT_DEFENSES
 from reprlab.runs import Run
 
-YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
+YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-mosaic-tiny.yaml"  # pins the mosaic testbed
 MINI = [
     "data.n_pairs=160",
     "data.captions_per_target=4",
@@ -155,5 +155,47 @@ def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts(
         verdicts["otcclip_zero_shot_within_ci"] is True
         and verdicts["otcclip_linear_probe_within_ci"] is False
     )
-    for path in YAML.parent.glob("*.yaml"):  # every otcclip recipe states the same claims
+    for path in YAML.parent.glob("*.yaml"):  # every otcclip recipe but otcclip-tiny states the same claims
+        if path.stem == "otcclip-tiny":  # the web-like testbed's calibration bands: tested below
+            continue
         assert [c["check"] for c in yaml.safe_load(path.read_text())["claims"]] == [c.check for c in claims]
+
+
+def test_otcclip_tiny_calibration_claims_give_known_verdicts():
+    """otcclip-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
+    0.02 under in probe does not (band 0.01); the paired-CI claims read the paired keys the run writes."""
+    from reprlab.methods.otcclip.pipeline.run import paired_differences
+    from reprlab.results.claims import evaluate_claims, parse_claims
+
+    path = YAML.parent / "otcclip-tiny.yaml"
+    claims = parse_claims(yaml.safe_load(path.read_text())["claims"], str(path))
+    metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
+    rows = {
+        "none": (0.50, 0.60, 0.75, 0.9),
+        "roclip": (0.48, 0.58, 0.25, 0.0),
+        "safeclip": (0.49, 0.59, 0.0, 0.0),
+        "otcclip": (0.51, 0.61, 0.0, 0.05),
+        "cleanclip": (0.52, 0.62, 0.5, 0.2),
+    }
+    results = {d: dict(zip(metrics, v)) for d, v in rows.items()}
+    summary = {f"{d}.{m}": v for d, r in results.items() for m, v in r.items()}
+    summary.update(paired_differences(results))
+    assert {k.removesuffix(".ci_hi") for c in claims for k in c.keys} <= set(summary)
+    verdicts = {r.claim.name: r.holds for r in evaluate_claims(claims, summary)}
+    assert verdicts == {
+        "undefended_targeted_attacked": True,
+        "undefended_backdoor_attacked": True,
+        "roclip_keeps_zero_shot": True,
+        "roclip_keeps_probe": False,
+        "roclip_defends_targeted": True,
+        "safeclip_keeps_accuracy": True,
+        "cleanclip_removes_backdoor": False,
+        "roclip_zero_shot_ci": None,
+        "roclip_probe_ci": None,
+        "safeclip_accuracy_ci": None,
+        "otcclip_defends": True,
+        "otcclip_zero_shot_best": True,
+        "otcclip_linear_probe_best": True,
+        "otcclip_keeps_zero_shot": True,
+        "otcclip_best_ci": None,
+    }

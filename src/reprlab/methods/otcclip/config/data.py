@@ -13,14 +13,36 @@ class DataConfig:
     testbed: str = field(
         default="fashion_mnist",
         metadata={
-            "help": "'fashion_mnist' (real items), 'shapes' (generated, tint recommended), 'none' (train on "
+            "help": "'fashion_web' [ours] (real items, one per image with scale/placement/brightness/noise, "
+            "paraphrased captions with attributes and alt-text noise: docs/otcclip_testbed.md), "
+            "'fashion_mnist' (real items in 2x2 mosaics), 'shapes' (generated, tint recommended), 'none' (train on "
             "stream.source only; evaluated on the eval.* folders if given) or 'files' [ours]: Fashion-MNIST written "
             "as a user's PNG files + captions.csv + ImageFolders (n_pairs training images, n_probe_train probe "
             "images, n_eval test images), streamed and evaluated on those folders",
-            "choices": ["fashion_mnist", "shapes", "none", "files"],
+            "choices": ["fashion_web", "fashion_mnist", "shapes", "none", "files"],
         },
     )
-    n_pairs: int = field(default=2000, metadata={"help": "clean mosaic pairs before poisoning"})
+    n_pairs: int = field(
+        default=2000, metadata={"help": "clean pairs (mosaics or web-like items) before poisoning"}
+    )
+    caption_noise: float = field(
+        default=0.1,
+        metadata={
+            "help": "[ours] fashion_web only: share of clean pairs whose caption is alt-text noise (generic or "
+            "another class's)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    caption_noise_wrong: float = field(
+        default=0.5,
+        metadata={
+            "help": "[ours] fashion_web only: share of the noisy captions that describe another class (the rest "
+            "are generic: 'product photo')",
+            "ge": 0,
+            "le": 1,
+        },
+    )
     min_items: int = field(default=1, metadata={"help": "fewest items per mosaic"})
     max_items: int = field(default=4, metadata={"help": "most items per mosaic (<= 4)"})
     tint: bool = field(default=False, metadata={"help": "colour items and name the colour (3 channels)"})

@@ -43,6 +43,7 @@ def add_targeted(
     n_captions: int,
     seed: int,
     tint: bool = False,
+    render=None,
 ) -> tuple[PairSet, TargetSet]:
     """Append ``n_targets * n_captions`` targeted-poison pairs.
 
@@ -50,6 +51,8 @@ def add_targeted(
         pairs: clean training pairs (their captions are the pool poison captions are drawn from).
         x, y: held-out item images ``uint8 (M, 28, 28)`` and labels the targets are drawn from.
         n_targets: T; n_captions: N captions per target.
+        render: ``(x, y, seed) -> LabeledSet`` drawing the target images; default a mosaic quadrant
+            (:func:`~.mosaic.make_single_items`).
 
     Raises:
         ValueError: fewer than N training captions mention a chosen target class.
@@ -57,7 +60,10 @@ def add_targeted(
     rng = np.random.default_rng(seed)
     n_classes = len(pairs.class_names)
     picks = rng.choice(len(x), size=n_targets, replace=False)
-    targets = make_single_items(x[picks], y[picks], seed=seed + 1, tint=tint)
+    if render is None:
+        targets = make_single_items(x[picks], y[picks], seed=seed + 1, tint=tint)
+    else:
+        targets = render(x[picks], y[picks], seed + 1)
     # target class: a random class different from the true one
     target_cls = (targets.labels + torch.from_numpy(rng.integers(1, n_classes, size=n_targets))) % n_classes
     new_images, new_caps, new_sig = [], [], []

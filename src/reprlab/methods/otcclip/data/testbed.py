@@ -17,6 +17,7 @@ from reprlab.methods.otcclip.data.mosaic import make_mosaics, make_single_items
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED, LabeledSet, PairSet, SignatureIndex
 from reprlab.methods.otcclip.data.poison import TargetSet, add_backdoor, add_targeted, add_wanet_noise
 from reprlab.methods.otcclip.data.shapes import SHAPES, make_shape_items
+from reprlab.methods.otcclip.data.web import make_web_pairs, web_single_items
 
 # Fashion-MNIST index ranges [ours]: mosaics draw from train[:50000], the linear probe trains on
 # train[50000:], evaluation uses test[:5000] and targets come from test[5000:], so no target image is
@@ -38,6 +39,8 @@ class Testbed:
     backdoor_class: int
     clean: PairSet | None = None  # CleanCLIP's clean fine-tuning set (data.clean_finetune_pairs)
     wanet_noise_rows: torch.Tensor | None = None  # WaNet noise-mode rows of ``pairs``
+    noisy_rows: torch.Tensor | None = None  # fashion_web: rows of ``pairs`` whose caption is alt-text noise
+    caption_noise: dict | None = None  # fashion_web: counts of generic and wrong-class captions
 
 
 def trigger_params(cfg: DataConfig) -> dict:
@@ -53,7 +56,7 @@ def trigger_params(cfg: DataConfig) -> dict:
 
 def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
     """The poisoned training set and the evaluation sets, deterministic from ``seed``."""
-    if cfg.testbed == "fashion_mnist":
+    if cfg.testbed in ("fashion_mnist", "fashion_web"):
         names = FASHION_MNIST_CLASSES
         x, y = fashion_mnist("train")
         xt, yt = fashion_mnist("test")
@@ -62,14 +65,31 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
         x, y = make_shape_items(60000, seed + 10)
         xt, yt = make_shape_items(10000, seed + 11)
     else:
-        raise ValueError(f"unknown testbed {cfg.testbed!r}; choose 'fashion_mnist' or 'shapes'")
+        raise ValueError(
+            f"unknown testbed {cfg.testbed!r}; choose 'fashion_web', 'fashion_mnist' or 'shapes'"
+        )
     if cfg.backdoor_target not in names:
         raise ValueError(f"backdoor_target {cfg.backdoor_target!r} is not one of {names}")
     if not 1 <= cfg.n_eval <= 5000:
         raise ValueError(f"n_eval must be in [1, 5000], got {cfg.n_eval}")
     sigs = SignatureIndex()
+    web = cfg.testbed == "fashion_web"
+    noisy_rows = noise_counts = None
+
+    def web_pairs(n: int, web_seed: int):
+        return make_web_pairs(
+            n,
+            web_seed,
+            (x[MOSAIC_ITEMS], y[MOSAIC_ITEMS]),
+            cfg.caption_noise,
+            cfg.caption_noise_wrong,
+            signatures=sigs,
+            class_names=names,
+        )
 
     def mosaics(n: int, mosaic_seed: int) -> PairSet:
+        if web:
+            return web_pairs(n, mosaic_seed).pairs
         return make_mosaics(
             n,
             mosaic_seed,
@@ -81,9 +101,21 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
             class_names=names,
         )
 
-    pairs = mosaics(cfg.n_pairs, seed)
+    if web:
+        made = web_pairs(cfg.n_pairs, seed)
+        pairs, noisy_rows = made.pairs, made.noisy
+        noise_counts = {"generic": made.n_generic, "wrong": made.n_wrong}
+    else:
+        pairs = mosaics(cfg.n_pairs, seed)
     pairs, targets = add_targeted(
-        pairs, xt[TARGET_ITEMS], yt[TARGET_ITEMS], cfg.n_targets, cfg.captions_per_target, seed + 1, cfg.tint
+        pairs,
+        xt[TARGET_ITEMS],
+        yt[TARGET_ITEMS],
+        cfg.n_targets,
+        cfg.captions_per_target,
+        seed + 1,
+        cfg.tint,
+        render=web_single_items if web else None,
     )
     backdoor_class = names.index(cfg.backdoor_target)
     pairs = add_backdoor(
@@ -109,14 +141,15 @@ def build_testbed(cfg: DataConfig, seed: int) -> Testbed:
         clean = mosaics(cfg.clean_finetune_pairs, seed + 5)
     xe, ye = xt[EVAL_ITEMS][: cfg.n_eval], yt[EVAL_ITEMS][: cfg.n_eval]
     xp, yp = x[PROBE_ITEMS][: cfg.n_probe_train], y[PROBE_ITEMS][: cfg.n_probe_train]
+    if web:
+        eval_set, probe = web_single_items(xe, ye, seed + 3), web_single_items(xp, yp, seed + 4)
+    else:
+        eval_set, probe = (
+            make_single_items(xe, ye, seed + 3, cfg.tint),
+            make_single_items(xp, yp, seed + 4, cfg.tint),
+        )
     return Testbed(
-        pairs,
-        targets,
-        make_single_items(xe, ye, seed + 3, cfg.tint),
-        make_single_items(xp, yp, seed + 4, cfg.tint),
-        backdoor_class,
-        clean,
-        noise_rows,
+        pairs, targets, eval_set, probe, backdoor_class, clean, noise_rows, noisy_rows, noise_counts
     )
 
 
@@ -135,6 +168,9 @@ def testbed_info(cfg: DataConfig, bed: Testbed, kinds: torch.Tensor | None) -> d
         out["n_clean_finetune"] = len(bed.clean)
     if bed.wanet_noise_rows is not None:
         out["n_wanet_noise"] = len(bed.wanet_noise_rows)
+    if bed.caption_noise is not None:
+        out["n_caption_noise_generic"] = bed.caption_noise["generic"]
+        out["n_caption_noise_wrong"] = bed.caption_noise["wrong"]
     if kinds is not None:
         out.update(
             n_clean=int((kinds == 0).sum()),

@@ -10,8 +10,10 @@ import torch
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.testbed import Testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.evaluation.concept import nn_concept_match
 from reprlab.methods.otcclip.evaluation.testbed import evaluate_testbed
 from reprlab.methods.otcclip.models.build import build_model
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.methods.otcclip.training.stream import StreamTrainer
 from reprlab.methods.otcclip.training.trainer import Trainer
 from reprlab.runs import Run
@@ -65,6 +67,19 @@ def fit(
     return final
 
 
+def concept_match(model, tok, trainer, bed: Testbed, cfg: Config) -> float:
+    """:func:`nn_concept_match` of the trained ``model`` on the training pairs (clean pairs with true captions),
+    with a bank of ``defense.bank_size`` captions."""
+    pairs = bed.pairs
+    keep = pairs.kind == 0
+    if bed.noisy_rows is not None:
+        keep[bed.noisy_rows] = False
+    img = embed_images(model, pairs.images)
+    txt = embed_texts(model, *tok.encode(pairs.captions, trainer.max_len))
+    rows = torch.nonzero(keep).flatten()
+    return nn_concept_match(img, txt, pairs.sig, rows, cfg.defense.bank_size, cfg.seed)
+
+
 def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer, dist=None) -> dict:
     """Train and evaluate one defense, resuming from its last epoch checkpoint; under torchrun ``dist`` splits
     every global batch across the ranks."""
@@ -75,6 +90,7 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
         model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist, clean=bed.clean
     )
     final = fit(defense, cfg, run, trainer, model, tok, bed)
+    final["nn_concept_match"] = concept_match(model, tok, trainer, bed, cfg)
     examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
     return {"metrics": final, "examples": examples}
 

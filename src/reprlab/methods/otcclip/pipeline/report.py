@@ -17,7 +17,7 @@ from reprlab.report.headline import Headline
 
 # shares of test items or pairs: Wilson intervals over seeds (reprlab.results.intervals)
 SUMMARY_KINDS = {"*.zeroshot_acc": "proportion", "*.linear_probe_acc": "proportion", "*.asr_*": "proportion",
-                 "*.rematch_*": "proportion", "*.ot_converged_share": "proportion", "poison_rate": "proportion",
+                 "*.rematch_*": "proportion", "*.ot_converged_share": "proportion", "*.nn_concept_match": "proportion", "poison_rate": "proportion",
                  "audit.precision*": "proportion", "audit.recall": "proportion"}  # fmt: skip
 HEADLINE = Headline(
     rows=(("none (undefended)", "none"), ("RoCLIP-style", "roclip"), ("SafeCLIP-style", "safeclip"),
@@ -57,13 +57,20 @@ def report_sections(run_dir: Path) -> list[Section]:
         []
         if "n_clean" not in data
         else [
-            f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with generated "
-            "compositional captions, "
-            f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
+            (
+                f"Data [ours]: {data['n_clean']} web-like Fashion-MNIST pairs (one real item per image, paraphrased "
+                f"captions with attributes; {data.get('n_caption_noise_generic', 0)} generic and "
+                f"{data.get('n_caption_noise_wrong', 0)} wrong-class alt-text captions), "
+                if data.get("testbed") == "fashion_web"
+                else f"Data [ours]: {data['n_clean']} {data.get('testbed', 'fashion_mnist')} mosaic pairs with "
+                "generated compositional captions, "
+            )
+            + f"{data['n_targeted']} targeted-poison pairs ({len(data['targets'])} targets) and {data['n_backdoor']} "
             f"{data['trigger']} backdoor pairs (target '{data['backdoor_target']}'). "
             + (
-                "Real Fashion-MNIST item images; scenes and captions are composed by us, not a web corpus."
-                if data.get("testbed", "fashion_mnist") == "fashion_mnist"
+                "Real Fashion-MNIST item images; scenes (or canvases) and captions are composed by us, not a web "
+                "corpus."
+                if data.get("testbed", "fashion_mnist") in ("fashion_mnist", "fashion_web")
                 else "GENERATED shapes data (not real images)."
             ),
             "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "

@@ -33,6 +33,24 @@ from reprlab.runs import Run
 from reprlab.train.dist import init_distributed
 from reprlab.train.seed import seed_everything
 
+PAIRED = {"zeroshot": "zeroshot_acc", "probe": "linear_probe_acc"}
+
+
+def paired_differences(results: dict[str, dict]) -> dict[str, float]:
+    """Per-seed accuracy differences [ours], so a sweep's interval of their mean is a paired interval:
+    ``paired.<d>_vs_none.<zeroshot|probe>`` for every defense ``d`` trained beside ``none``, and
+    ``paired.otcclip_vs_best.<...>``: OTCCLIP minus the better of RoCLIP-style and SafeCLIP-style on this seed."""
+    out = {}
+    for short, key in PAIRED.items():
+        if key in results.get("none", {}):
+            for d, res in results.items():
+                if d != "none" and key in res:
+                    out[f"paired.{d}_vs_none.{short}"] = res[key] - results["none"][key]
+        base = [results[d][key] for d in ("roclip", "safeclip") if key in results.get(d, {})]
+        if base and key in results.get("otcclip", {}):
+            out[f"paired.otcclip_vs_best.{short}"] = results["otcclip"][key] - max(base)
+    return out
+
 
 def run(cfg: Config, run: Run) -> dict:
     """Train and evaluate every defense of ``cfg`` (module docstring); returns the flat summary."""
@@ -65,6 +83,7 @@ def run(cfg: Config, run: Run) -> dict:
         for key, value in res["metrics"].items():
             summary[f"{defense}.{key}"] = value
     run.save_json("analysis/results.json", results)
+    summary.update(paired_differences(results))
     if cfg.audit_defense in cfg.defenses:
         audit = run.stage("audit", lambda: audit_testbed(cfg, run, bed, tok))
         run.save_json("analysis/audit.json", audit)
