@@ -16,11 +16,9 @@ ROTE_MICRO = ["threads=1", "task.n_train=600", "task.n_test=100", "task.n_val=10
               "analysis.circuit_items=20", "analysis.inlp_iters=2", "analysis.neuron_random_draws=2",
               "analysis.circuit_nulls=1"]  # fmt: skip
 OTC_MICRO = ["threads=1", "data.n_pairs=200", "data.backdoor_pairs=20", "data.n_targets=2",
-             "data.captions_per_target=5", "train.epochs=3", "train.batch_size=50", "data.n_eval=100",
+             "data.captions_per_target=10", "train.epochs=3", "train.batch_size=50", "data.n_eval=100",
              "data.n_probe_train=100", "defense.rematch_warmup=1", "defense.rematch_every=1",
              "defense.bank_size=256"]  # fmt: skip
-# captions_per_target 5: otcclip-tiny's web-like testbed names a class by name in ~60 % of its ~20 captions per
-# class at 200 pairs, fewer than 10 for some classes
 NORMIC_MICRO = [
     "ic.corpus=lee", "static.sgns_epochs=1", "vocab.n_eval=150", "vocab.n_fit=250", "vocab.top_k=8000",
     "decoder.enabled=false", "encoder.layers=[-1]", "encoder.input_table=false", "analysis.n_boot=30",

@@ -10,7 +10,7 @@ from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.config import DEFAULT_DEFENSES
 from reprlab.runs import Run
 
-YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-mosaic-tiny.yaml"  # pins the mosaic testbed
+YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
 MINI = [
     "data.n_pairs=160",
     "data.captions_per_target=4",
@@ -155,19 +155,21 @@ def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts(
         verdicts["otcclip_zero_shot_within_ci"] is True
         and verdicts["otcclip_linear_probe_within_ci"] is False
     )
-    for path in YAML.parent.glob("*.yaml"):  # every otcclip recipe but otcclip-tiny states the same claims
-        if path.stem == "otcclip-tiny":  # the web-like testbed's calibration bands: tested below
+    for path in YAML.parent.glob(
+        "*.yaml"
+    ):  # every otcclip recipe but otcclip-web-tiny states the same claims
+        if path.stem == "otcclip-web-tiny":  # the web-like testbed's calibration bands: tested below
             continue
         assert [c["check"] for c in yaml.safe_load(path.read_text())["claims"]] == [c.check for c in claims]
 
 
-def test_otcclip_tiny_calibration_claims_give_known_verdicts():
-    """otcclip-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
+def test_otcclip_web_tiny_calibration_claims_give_known_verdicts():
+    """otcclip-web-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
     0.02 under in probe does not (band 0.01); the paired-CI claims read the paired keys the run writes."""
     from reprlab.methods.otcclip.pipeline.run import paired_differences
     from reprlab.results.claims import evaluate_claims, parse_claims
 
-    path = YAML.parent / "otcclip-tiny.yaml"
+    path = YAML.parent / "otcclip-web-tiny.yaml"
     claims = parse_claims(yaml.safe_load(path.read_text())["claims"], str(path))
     metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
     rows = {
