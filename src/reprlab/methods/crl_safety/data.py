@@ -317,16 +317,8 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
                           "set one of them")  # fmt: skip
     rng = random.Random(seed)
     ev = load_eval_jsonl(eval_jsonl) if eval_jsonl else None
-    if eval_source != "split":
-        train_pool = (
-            [e.prompt for e in load_user_jsonl(user_jsonl)]
-            if user_jsonl
-            else harmbench_prompts() + donotanswer_prompts(dna_files) + harmless_prompts(harmless_source)
-        )
-        ev = packaged_eval(
-            eval_source, seed, n_harmful_eval, n_harmless_eval, {prompt_key(p) for p in train_pool}
-        )
-    n_h_ev, n_s_ev = (0, 0) if ev else (n_harmful_eval, n_harmless_eval)
+    held_out = ev is not None or eval_source != "split"
+    n_h_ev, n_s_ev = (0, 0) if held_out else (n_harmful_eval, n_harmless_eval)
     src = f"{user_jsonl}: " if user_jsonl else ""
     if user_jsonl:
         ex = load_user_jsonl(user_jsonl)
@@ -352,6 +344,9 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         safe = list(dict.fromkeys(harmless_prompts(harmless_source)))
         rng.shuffle(safe)
         responses = {}
+    if eval_source != "split":  # every prompt the training source holds is kept out of the evaluation
+        pool = {prompt_key(p) for p in (harm if user_jsonl else hb + dna) + safe}
+        ev = packaged_eval(eval_source, seed, n_harmful_eval, n_harmless_eval, pool)
     h_train = [p for p in h_train if p not in set(h_eval)]
     s_eval = _take(safe, n_s_ev, "harmless eval", src)
     s_pool = safe[n_s_ev:]
