@@ -73,3 +73,13 @@ def test_crl_cross_tiny_is_crl_tiny_evaluated_on_another_source():
     assert cross.data.eval_source == "ollama_forge" and tiny.data.eval_source == "split"
     assert cross.defense == tiny.defense and cross.sft == tiny.sft and cross.attack == tiny.attack
     assert all_recipes()["crl-cross-tiny"].claims() == all_recipes()["crl-tiny"].claims()
+
+
+def test_rote_fda_smollm2_is_the_tiny_task_on_the_packaged_smollm2():
+    """The CPU SmolLM2 recipe changes the model and the sizes, never the task's noise or the claims."""
+    tiny, smol = (all_recipes()[n].build_config() for n in ("rote-fda-tiny", "rote-fda-smollm2"))
+    assert smol.model.hf_id == "smollm2-135m-instruct" and tiny.model.hf_id == ""
+    assert (smol.task.noise_rate, smol.task.noise_mode, smol.task.digit_order) == (
+        tiny.task.noise_rate, tiny.task.noise_mode, tiny.task.digit_order)  # fmt: skip
+    assert smol.train.stop_memorized == tiny.train.stop_memorized
+    assert all_recipes()["rote-fda-smollm2"].claims() == all_recipes()["rote-fda-tiny"].claims()
