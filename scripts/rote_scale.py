@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 from reprlab.recipes import get_recipe
@@ -48,7 +49,13 @@ def main() -> None:
     sizes = []
     for spec in args.size:
         label, folder = spec.split("=", 1)
-        runs = [read_seed_run(p) for p in expand_run_folders([Path(folder)])]
+        folders = expand_run_folders([Path(folder)])
+        # a sweep still running has seed folders without summary.json: tabulate the finished ones, say so
+        unfinished = [p for p in folders if not (Path(p) / "summary.json").is_file()]
+        if unfinished:
+            print(f"{label}: {len(unfinished)} unfinished seed run(s) left out: {', '.join(map(str, unfinished))}",
+                  file=sys.stderr)  # fmt: skip
+        runs = [read_seed_run(p) for p in folders if p not in unfinished]
         if not runs:
             raise SystemExit(f"{folder}: no finished seed runs")
         m = runs[0].config["model"]
@@ -108,7 +115,11 @@ def main() -> None:
         ax.minorticks_off()
         ax.set_ylim(-0.05, 1.05)
         ax.set_ylabel("share of seeds where the claim holds")
-        ax.set_title("Reason to Rote claims on FDA vs model size (5 seeds each)")
+        ax.set_title(
+            "Reason to Rote claims on FDA vs model size ("
+            + "/".join(str(len(s["seeds"])) for s in sizes)
+            + " seeds)"
+        )
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
         fig.tight_layout()
         Path(args.figure).parent.mkdir(parents=True, exist_ok=True)

@@ -170,7 +170,10 @@ def fda_sections(run_dir: Path) -> list[Section]:
         ax.set_ylabel("share: y* ranked above ỹ")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title("True answer above the memorised one, per layer")
-        ax.legend(title="layer")
+        # a 30-block HF model has 31 layers: the legend goes beside the axes, in columns
+        n_layers = len(snaps[0]["layers"])
+        ax.legend(title="layer", fontsize=7 if n_layers > 8 else None, ncol=1 + (n_layers - 1) // 16,
+                  loc="center left", bbox_to_anchor=(1.0, 0.5))  # fmt: skip
         fig.tight_layout()
         out.append(
             Section(
