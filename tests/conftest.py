@@ -34,6 +34,19 @@ def _one_intra_op_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _close_run_locks_at_session_end():
+    """Run folders a test leaves locked (a simulated crash keeps its lock, as a killed process would) have their
+    lock files closed when the session ends, as the kernel does at a process's exit, instead of at interpreter
+    teardown (one ResourceWarning per file)."""
+    yield
+    from reprlab.runs import lock
+
+    for fh, *_ in list(lock._HELD.values()):
+        fh.close()
+    lock._HELD.clear()
+
+
 @pytest.fixture
 def seed() -> int:
     torch.manual_seed(0)
