@@ -347,7 +347,8 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     if eval_source != "split":  # every prompt the training source holds is kept out of the evaluation
         pool = {prompt_key(p) for p in (harm if user_jsonl else hb + dna) + safe}
         ev = packaged_eval(eval_source, seed, n_harmful_eval, n_harmless_eval, pool)
-    h_train = [p for p in h_train if p not in set(h_eval)]
+    in_eval = set(h_eval)
+    h_train = [p for p in h_train if p not in in_eval]
     s_eval = _take(safe, n_s_ev, "harmless eval", src)
     s_pool = safe[n_s_ev:]
     dropped = 0
