@@ -1,4 +1,5 @@
-"""The one command-line interface: ``reprlab run | recipes | config | report | aggregate | demo | export``.
+"""The one command-line interface: ``reprlab run | recipes | config | report | aggregate | demo | export |
+convert-checkpoint``.
 
 Examples::
 
@@ -12,6 +13,7 @@ Examples::
     reprlab demo                                              # every method's short recipe, one report
     reprlab export runs/crl --stage crl --adapter out/crl-lora   # a peft adapter folder (PeftModel)
     reprlab export runs/crl --stage crl --merged out/crl-model   # a merged model folder (AutoModelForCausalLM)
+    reprlab convert-checkpoint runs/old                       # older pickled checkpoints -> safetensors + JSON
 
 Input errors (:class:`reprlab.errors.ReprlabError`) print one message and its fix, and exit with status 2;
 ``--debug`` or ``REPRLAB_DEBUG=1`` shows the traceback.

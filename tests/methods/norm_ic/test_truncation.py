@@ -60,7 +60,7 @@ def test_model_context_caps_max_pieces_and_is_reported(llama):
 
 
 def test_minilm_eighty_word_document_is_not_cut():
-    """The issue's case: an 80-word document through MiniLM keeps all its WordPiece pieces (> 64)."""
+    """A 68-word document (more than 64 WordPiece pieces) through MiniLM keeps all its pieces."""
     from reprlab.models.hf import load_encoder
 
     model, tok = load_encoder("all-minilm-l6-v2")
