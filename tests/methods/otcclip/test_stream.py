@@ -307,16 +307,13 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     (stream.source), and a run killed in otcclip's last epoch resumes to the same summary."""
     import shutil
 
-    import yaml
-
-    from reprlab.config import load_config
     from reprlab.methods.otcclip import recipe as R
+    from reprlab.recipes import get_recipe
     from reprlab.runs import Run
     from tests.methods.otcclip.test_recipe import MINI
 
-    spec = yaml.safe_load((Path(R.__file__).parent / "recipes" / "otcclip-shards-tiny.yaml").read_text())
     mini = [*MINI, "stream.shard_size=42", "stream.window_batches=4", "audit_defense=", "threads=1"]
-    cfg = load_config(R.Config, spec["config"], mini)
+    cfg = get_recipe("otcclip-shards-tiny").build_config(mini)  # with its base (otcclip-tiny) resolved
     run = Run.create(tmp_path / "r", cfg, "otcclip-shards-tiny", quiet=True)
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "shards" / sh.MANIFEST).read_text())
@@ -332,10 +329,8 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     assert matching and all(r["n_poison_seen"] + r["n_clean_seen"] == 160 for r in matching)  # 8 x 20 pairs
     assert R.report_sections(run.dir)[0].table
     # the first run's shards as a user folder: vocabulary from their captions + the prompts, testbed evaluation
-    user = load_config(
-        R.Config,
-        spec["config"],
-        [*mini, "stream.write_shards=false", f"stream.source={run.dir / 'shards'}", "defenses=[none]"],
+    user = get_recipe("otcclip-shards-tiny").build_config(
+        [*mini, "stream.write_shards=false", f"stream.source={run.dir / 'shards'}", "defenses=[none]"]
     )
     other = R.run(user, Run.create(tmp_path / "u", user, "otcclip-shards-tiny", quiet=True))
     assert 0 <= other["none.zeroshot_acc"] <= 1 and other["n_pairs"] == 168
