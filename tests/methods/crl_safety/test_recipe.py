@@ -135,3 +135,23 @@ def test_declared_claims_read_keys_the_run_writes(finished, name):
     agg = {**s, "crl.asr_prefill.ci_hi": 0.1, "refusal.asr_prefill.ci_lo": 0.5, "refusal.asr_prefill": 0.6}
     ci = evaluate_claims([c for c in claims if c.name == "crl_beats_prefill_ci"], agg)[0]
     assert ci.verdict != "n/a" and ci.holds
+
+
+def test_report_has_the_tradeoff_plot_of_every_model(finished, tmp_path):
+    import json
+
+    out, _, summary = finished
+    sec = next(s for s in R.report_sections(out) if s.title.startswith("Trade-off"))
+    assert sec.figure is not None
+    points = sec.children[0].table
+    assert [r["model"] for r in points] == ["base", "refusal", "rr", "crl", "crl_adv"]
+    assert points[3]["benign_compliance"] == summary["crl.benign_compliance"]
+    seeds = []
+    for s in range(2):  # two identical seeds, as the runner writes them: the same means, zero-width intervals
+        (tmp_path / f"seed-{s}").mkdir()
+        (tmp_path / f"seed-{s}" / "summary.json").write_text(
+            json.dumps({k: v for k, v in summary.items() if isinstance(v, int | float)})
+        )
+        seeds.append(tmp_path / f"seed-{s}")
+    (sweep,) = R.sweep_sections(seeds)
+    assert sweep.children[0].table[3]["over_refusal"] == pytest.approx(summary["crl.over_refusal"])

@@ -1,0 +1,142 @@
+"""Where each model sits between stopping attacks and keeping benign behaviour: the trade-off plot.
+
+A point is one model (stage 0, RR, CRL, CRL + mining; the base as the undefended end) at one setting: its
+prefilling and embedding-attack ASR against its benign compliance and its over-refusal (XSTest-style safe
+prompts refused). One run gives one point per model; a seed sweep gives the mean with a Wilson interval over seeds
+(the aggregate's intervals for proportions); several settings of a defence (a strength sweep: steps, loss weight)
+become one line per model through its settings, labelled by setting (``scripts/crl_tradeoff.py``).
+
+The shaded box of each panel is the target region of the recipe's claims [ours]: ASR at most 0.1, and benign
+compliance at least stage 0's minus 0.05 (or over-refusal at most stage 0's plus 0.05).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reprlab.errors import DataError
+from reprlab.results.intervals import interval
+from reprlab.runs.atomic import read_json
+
+MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
+LABELS = {"base": "base", "refusal": "stage 0", "rr": "RR", "crl": "CRL", "crl_adv": "CRL + mining"}
+X_KEYS = ("benign_compliance", "over_refusal")
+Y_KEYS = ("asr_prefill", "asr_embedding")
+ASR_TARGET, TOLERANCE = 0.1, 0.05  # the thresholds of the recipe's claims [ours]
+
+
+@dataclass(frozen=True)
+class Value:
+    """A mean with its interval (``lo``/``hi`` None for one run)."""
+
+    mean: float
+    lo: float | None = None
+    hi: float | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One model at one setting: ``values[key]`` for the keys of :data:`X_KEYS` and :data:`Y_KEYS`."""
+
+    model: str
+    setting: str
+    values: Mapping[str, Value]
+    n_seeds: int
+
+
+def points_from_summaries(summaries: Sequence[Mapping[str, float]], setting: str = "") -> list[Point]:
+    """Points of every model present in all ``summaries`` (one per seed of one setting).
+
+    Intervals are the aggregate's for proportions (Wilson at the effective sample size over seeds); one summary gives
+    bare means.
+    """
+    if not summaries:
+        raise DataError("trade-off: no run summaries to read")
+    out = []
+    for m in MODELS:
+        keys = [f"{m}.{k}" for k in X_KEYS + Y_KEYS]
+        if not all(isinstance(s.get(k), int | float) for s in summaries for k in keys):
+            continue
+        vals = {}
+        for k in X_KEYS + Y_KEYS:
+            xs = [float(s[f"{m}.{k}"]) for s in summaries]
+            iv = interval(xs, "proportion")
+            vals[k] = Value(iv.mean, iv.lo, iv.hi)
+        out.append(Point(m, setting, vals, len(summaries)))
+    return out
+
+
+def points_from_folder(folder: Path | str, setting: str = "") -> list[Point]:
+    """Points of a run folder (``summary.json``), a sweep folder (``aggregate.json`` with its seeds' runs) or a
+    folder of seed runs (``*/summary.json``)."""
+    folder = Path(folder)
+    if (folder / "aggregate.json").exists():
+        runs = [Path(p) for p in read_json(folder / "aggregate.json")["runs"]]
+        missing = [str(p) for p in runs if not (p / "summary.json").exists()]
+        if missing:
+            raise DataError(f"trade-off: {folder}/aggregate.json names runs without summary.json: {missing}")
+        return points_from_summaries([read_json(p / "summary.json") for p in runs], setting)
+    if (folder / "summary.json").exists():
+        return points_from_summaries([read_json(folder / "summary.json")], setting)
+    # a sweep's seed folders (an aggregate folder beside them holds means, not a seed)
+    seeds = sorted(p for p in folder.glob("*/summary.json") if not (p.parent / "aggregate.json").exists())
+    if seeds:
+        return points_from_summaries([read_json(p) for p in seeds], setting)
+    raise DataError(
+        f"trade-off: {folder} has no summary.json (a run), aggregate.json (a seed sweep) or */summary.json (seed runs)"
+    )
+
+
+def figure(points: Sequence[Point], plt, title: str = ""):
+    """2 x 2 panels: ASR (prefill, embedding; rows) against benign compliance and over-refusal (columns)."""
+    fig, axes = plt.subplots(2, 2, figsize=(10.5, 8.4), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(MODELS)}
+    ref = [p for p in points if p.model == "refusal"]
+    for r, yk in enumerate(Y_KEYS):
+        for c, xk in enumerate(X_KEYS):
+            ax = axes[r][c]
+            if len({p.setting for p in ref}) == 1:  # one stage 0: shade the claims' target region
+                s0 = ref[0].values[xk].mean
+                x0, x1 = (s0 - TOLERANCE, 1.02) if xk == "benign_compliance" else (-0.02, s0 + TOLERANCE)
+                ax.fill_between([x0, x1], -0.02, ASR_TARGET, color="green", alpha=0.12, lw=0,
+                                label="target region [ours]")  # fmt: skip
+            for m in MODELS:
+                mine = [p for p in points if p.model == m]
+                if not mine:
+                    continue
+                xs = [p.values[xk].mean for p in mine]
+                ys = [p.values[yk].mean for p in mine]
+                ax.plot(xs, ys, "-o" if len(mine) > 1 else "o", color=colors[m], label=LABELS[m], ms=6)
+                for p in mine:
+                    vx, vy = p.values[xk], p.values[yk]
+                    if vx.lo is not None:
+                        ax.errorbar(vx.mean, vy.mean, xerr=[[vx.mean - vx.lo], [vx.hi - vx.mean]],
+                                    yerr=[[vy.mean - vy.lo], [vy.hi - vy.mean]], color=colors[m], alpha=0.35,
+                                    capsize=2, lw=1)  # fmt: skip
+                    if p.setting and len(mine) > 1:
+                        ax.annotate(p.setting, (vx.mean, vy.mean), fontsize=7, xytext=(3, 3),
+                                    textcoords="offset points")  # fmt: skip
+            ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=xk.replace("_", " "),
+                   ylabel=f"ASR {yk.split('_')[1]}")  # fmt: skip
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def table(points: Sequence[Point]) -> list[dict]:
+    """One row per point: each key's mean and, over seeds, its interval."""
+    rows = []
+    for p in points:
+        row = {"model": p.model, "setting": p.setting, "seeds": p.n_seeds}
+        for k in Y_KEYS + X_KEYS:
+            v = p.values[k]
+            row[k] = v.mean
+            if v.lo is not None:
+                row[f"{k}.ci"] = f"[{v.lo:.2f}, {v.hi:.2f}]"
+        rows.append(row)
+    return rows
