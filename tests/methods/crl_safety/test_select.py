@@ -36,6 +36,23 @@ def test_rule_takes_the_earliest_step_when_none_qualifies():
     assert (c.step, c.qualified) == (2, False)
 
 
+def test_balanced_fallback_trades_benign_against_prefill_when_none_qualifies():
+    """crl-cross-tiny seed 1's CRL points (validation benign, prefill ASR by step; stage 0 0.83): none reaches the
+    floor 0.78; benign - prefill is -0.33, 0.58, 0.63, 0.42, so 'balanced' takes step 24, 'earliest' step 8."""
+    pts = [{"step": s, "benign_compliance": b, "asr_prefill": a}
+           for s, b, a in ((8, 8 / 12, 1.0), (16, 7 / 12, 0.0), (24, 9 / 12, 1 / 8), (32, 8 / 12, 2 / 8))]  # fmt: skip
+    assert choose_step(pts, 10 / 12, 0.05).step == 8
+    c = choose_step(pts, 10 / 12, 0.05, fallback="balanced")
+    assert (c.step, c.qualified) == (24, False)
+    # a step that qualifies wins whatever the fallback; equal scores go to the latest step
+    assert choose_step(pts, 9 / 12, 0.05, fallback="balanced").step == 24
+    tie = [{"step": 2, "benign_compliance": 0.5, "asr_prefill": 0.0}, {"step": 4, "benign_compliance": 0.7,
+           "asr_prefill": 0.2}, {"step": 6, "benign_compliance": 0.1, "asr_prefill": 0.0}]  # fmt: skip
+    assert choose_step(tie, 0.9, 0.05, fallback="balanced").step == 4
+    with pytest.raises(ValueError, match="fallback"):
+        choose_step(pts, 0.5, 0.05, fallback="best")
+
+
 def test_rule_tolerance_boundary_counts_as_qualifying():
     # 9/20 = 0.45 is exactly stage 0's 0.5 minus 0.05 (up to rounding of 0.5 - 0.05): qualifies; 0.44 does not
     assert choose_step(_pts(0.9, 9 / 20), reference=0.5, tolerance=0.05).step == 4

@@ -186,6 +186,7 @@ class MiningCfg:
 
 
 SELECT_RULES = ("last", "benign_floor")
+SELECT_FALLBACKS = ("earliest", "balanced")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,15 @@ class SelectCfg:
     tolerance: float = field(
         default=0.05,
         metadata=_h("benign_floor: how far below stage 0's validation benign compliance a step may fall"),
+    )
+    fallback: str = field(
+        default="earliest",
+        metadata=_h(
+            "benign_floor when no step reaches the floor: 'earliest' (the step closest to stage 0; it may defend "
+            "nothing) or 'balanced' [ours]: the latest step with the highest validation benign compliance minus "
+            "validation prefill ASR"
+        )
+        | {"choices": SELECT_FALLBACKS},
     )
 
 

@@ -368,13 +368,13 @@ def _select(cfg: Config, kind: str, peft, snaps, vsteps: list[int], val_ref: dic
     ``peft`` (what is exported and evaluated next); the JSON-able record of the choice."""
     sc = cfg.defense.select
     points = [snaps.point(s) for s in vsteps]
-    ch = choose_step(points, val_ref["benign_compliance"], sc.tolerance, sc.rule)
+    ch = choose_step(points, val_ref["benign_compliance"], sc.tolerance, sc.rule, sc.fallback)
     load_adapter_tensors(peft, snaps.tensors(ch.step))
     chosen = next(p for p in points if p["step"] == ch.step)
     log(f"[{kind}] defense.select.rule={sc.rule}: step {ch.step} of {vsteps[-1]} (validation benign compliance "
         f"{chosen['benign_compliance']:.2f}, stage 0 {val_ref['benign_compliance']:.2f})")  # fmt: skip
     keep = ("step", "benign_compliance", "asr_prefill")
-    return {"rule": sc.rule, "tolerance": sc.tolerance, "reference": val_ref["benign_compliance"],
+    return {"rule": sc.rule, "tolerance": sc.tolerance, "fallback": sc.fallback, "reference": val_ref["benign_compliance"],
             "floor": ch.floor, "qualified": ch.qualified, "chosen_step": ch.step, "last_step": vsteps[-1],
             "chosen": {k: chosen[k] for k in keep}, "points": [{k: p[k] for k in keep} for p in points],
             "snapshot": f"selection/{kind}/step_{ch.step:08d}.safetensors"}  # fmt: skip
@@ -717,7 +717,9 @@ def _selection_section(run_dir: Path, plt) -> Section | None:
         f"[ours] Every defence was measured at each validation point on validation prompts drawn from the training "
         f"source (disjoint from training and evaluation; never reported as results): benign compliance on the "
         f"harmless ones, prefilling ASR on the harmful ones. Rule **{any_s['rule']}** (tolerance {any_s['tolerance']}): "
-        "the latest step whose benign compliance is at least stage 0's minus the tolerance, else the earliest; "
+        "the latest step whose benign compliance is at least stage 0's minus the tolerance; when none is, the "
+        f"fallback **{any_s.get('fallback', 'earliest')}** (earliest: the earliest step; balanced: the latest step "
+        "with the highest benign compliance minus prefill ASR); "
         "'last' keeps the final step. The chosen step's adapter is the one exported and evaluated above. Stage 0's "
         f"validation benign compliance: {ref:.2f}."
     )

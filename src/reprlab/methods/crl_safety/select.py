@@ -6,8 +6,11 @@ stage 0 answers 0.50, CRL after its 32 steps 0.25). The paper fixes the number o
 know of. Rule ``benign_floor``: at every validation point the adapter is snapshotted and measured on validation
 prompts (drawn from the training source, disjoint from training and evaluation, never reported as results):
 benign compliance on the harmless ones and the prefilling attack's success on the harmful ones. The chosen step
-is the latest whose benign compliance is at least stage 0's minus ``tolerance``; when none is, the earliest
-validation step (the one closest to stage 0). The chosen snapshot is what gets exported and evaluated.
+is the latest whose benign compliance is at least stage 0's minus ``tolerance``; when none is, ``fallback``
+decides: ``earliest``, the earliest validation step (the one closest to stage 0, which may defend nothing), or
+``balanced``, the latest step with the highest benign compliance minus prefill ASR (measured: on crl-cross-tiny
+seed 1 no step reached the floor, and the earliest step left stage 0's prefill ASR in place). The chosen snapshot
+is what gets exported and evaluated.
 
 Run-folder layout (each file written atomically; a resumed run reads back the points it had measured)::
 
@@ -48,19 +51,25 @@ def validation_steps(n_steps: int, every: int) -> list[int]:
     return sorted({s for s in range(every, n_steps + 1, every)} | {n_steps})
 
 
-def choose_step(points: list[dict], reference: float, tolerance: float, rule: str = "benign_floor") -> Choice:
-    """The step the rule picks from validation ``points`` (dicts with ``step`` and ``benign_compliance``).
+def choose_step(points: list[dict], reference: float, tolerance: float, rule: str = "benign_floor",
+                fallback: str = "earliest") -> Choice:  # fmt: skip
+    """The step the rule picks from validation ``points`` (dicts with ``step``, ``benign_compliance`` and, for the
+    ``balanced`` fallback, ``asr_prefill``).
 
     Args:
         reference: stage 0's validation benign compliance.
         tolerance: how far below ``reference`` a step may fall and still qualify.
         rule: ``'benign_floor'`` or ``'last'`` (the latest point, whatever its numbers).
+        fallback: when no step qualifies, ``'earliest'`` or ``'balanced'`` (the latest step maximising benign
+            compliance minus prefill ASR).
 
     Raises:
-        ValueError: no points, or an unknown rule.
+        ValueError: no points, or an unknown rule or fallback.
     """
     if not points:
         raise ValueError("no validation points to choose from")
+    if fallback not in ("earliest", "balanced"):
+        raise ValueError(f"unknown selection fallback {fallback!r}")
     pts = sorted(points, key=lambda p: p["step"])
     if rule == "last":
         return Choice(pts[-1]["step"], float("nan"), True)
@@ -71,7 +80,12 @@ def choose_step(points: list[dict], reference: float, tolerance: float, rule: st
     ok = [p for p in pts if p["benign_compliance"] >= floor - 1e-9]
     if ok:
         return Choice(ok[-1]["step"], floor, True)
-    return Choice(pts[0]["step"], floor, False)
+    if fallback == "earliest":
+        return Choice(pts[0]["step"], floor, False)
+    score = [p["benign_compliance"] - p["asr_prefill"] for p in pts]
+    best = max(score)
+    # the same slack: scores are differences of shares, so equal ones must tie; ties go to the latest step
+    return Choice([p for p, s in zip(pts, score) if s >= best - 1e-9][-1]["step"], floor, False)
 
 
 class Snapshots:
