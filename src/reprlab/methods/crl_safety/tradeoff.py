@@ -97,7 +97,9 @@ def figure(points: Sequence[Point], plt, title: str = ""):
     for r, yk in enumerate(Y_KEYS):
         for c, xk in enumerate(X_KEYS):
             ax = axes[r][c]
-            if len({p.setting for p in ref}) == 1:  # one stage 0: shade the claims' target region
+            if (
+                ref and len({p.values[xk].mean for p in ref}) == 1
+            ):  # one stage 0: shade the claims' target region
                 s0 = ref[0].values[xk].mean
                 x0, x1 = (s0 - TOLERANCE, 1.02) if xk == "benign_compliance" else (-0.02, s0 + TOLERANCE)
                 ax.fill_between([x0, x1], -0.02, ASR_TARGET, color="green", alpha=0.12, lw=0,
@@ -106,9 +108,13 @@ def figure(points: Sequence[Point], plt, title: str = ""):
                 mine = [p for p in points if p.model == m]
                 if not mine:
                     continue
+                if all(p.values == mine[0].values for p in mine):  # e.g. stage 0, shared by every setting
+                    mine = [Point(m, "", mine[0].values, mine[0].n_seeds)]
                 xs = [p.values[xk].mean for p in mine]
                 ys = [p.values[yk].mean for p in mine]
-                ax.plot(xs, ys, "-o" if len(mine) > 1 else "o", color=colors[m], label=LABELS[m], ms=6)
+                marker = "*" if m == "refusal" else "o"  # stage 0 on top: an untrained defence sits on it
+                ax.plot(xs, ys, ("-" if len(mine) > 1 else "") + marker, color=colors[m], label=LABELS[m],
+                        ms=11 if m == "refusal" else 6, zorder=3 if m == "refusal" else 2)  # fmt: skip
                 for p in mine:
                     vx, vy = p.values[xk], p.values[yk]
                     if vx.lo is not None:
