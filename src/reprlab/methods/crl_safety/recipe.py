@@ -736,34 +736,25 @@ _TRADEOFF_TEXT = (
 )
 
 
-def _tradeoff_section(evals: dict, plt) -> Section | None:
-    """The trade-off plot of one run's evaluated models (``stages/eval_<model>.json``); None without any."""
+def _tradeoff_section(summaries: list[dict], plt, text: str = _TRADEOFF_TEXT) -> Section | None:
+    """The trade-off plot of the models in ``summaries`` (one per seed; flat ``<model>.<key>``); None without any."""
     from reprlab.methods.crl_safety import tradeoff
 
-    flat = {f"{m}.{k}": v for m, e in evals.items() for k, v in headline(e).items()}
-    pts = tradeoff.points_from_summaries([flat])
+    pts = tradeoff.points_from_summaries(summaries)
     if not pts:
         return None
-    return Section("Trade-off: attacks stopped against benign behaviour kept", _TRADEOFF_TEXT,
-                   figure=tradeoff.figure(pts, plt), children=[Section("Points", table=tradeoff.table(pts),
-                                                                       collapsed=True)])  # fmt: skip
+    return Section("Trade-off: attacks stopped against benign behaviour kept", text, figure=tradeoff.figure(pts, plt),
+                   children=[Section("Points", table=tradeoff.table(pts), collapsed=True)])  # fmt: skip
 
 
 def sweep_sections(run_dirs: list[Path]) -> list[Section]:
     """Extra section of a seed sweep's report: the trade-off plot with each model's mean and interval over seeds."""
-    from reprlab.methods.crl_safety import tradeoff
     from reprlab.runs.atomic import read_json
 
     runs = [Path(d) for d in run_dirs if (Path(d) / "summary.json").exists()]
-    if not runs:
-        return []
-    pts = tradeoff.points_from_summaries([read_json(d / "summary.json") for d in runs])
-    if not pts:
-        return []
     text = _TRADEOFF_TEXT + f" Means over {len(runs)} seeds with their 95 % intervals (bars)."
-    return [Section("Trade-off: attacks stopped against benign behaviour kept", text,
-                    figure=tradeoff.figure(pts, pyplot()),
-                    children=[Section("Points", table=tradeoff.table(pts), collapsed=True)])]  # fmt: skip
+    sec = _tradeoff_section([read_json(d / "summary.json") for d in runs], pyplot(), text) if runs else None
+    return [sec] if sec is not None else []
 
 
 def report_sections(run_dir: Path) -> list[Section]:
@@ -881,7 +872,9 @@ def report_sections(run_dir: Path) -> list[Section]:
                        "minus the frozen states' mean, since shared high-norm directions pin raw cos near 1); probe AUROC of "
                        "harmful vs benign sequences in the model's own states.", figure=fig,
                        children=[Section("Per layer", table=mech_rows, collapsed=True)]))  # fmt: skip
-    trade = _tradeoff_section(evals, plt)
+    trade = _tradeoff_section(
+        [{f"{m}.{k}": v for m, e in evals.items() for k, v in headline(e).items()}], plt
+    )
     if trade is not None:
         out.append(trade)
     sel = _selection_section(run_dir, plt)
