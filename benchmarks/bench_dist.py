@@ -1,6 +1,6 @@
 """Gradient reduction across 2 gloo ranks: the old per-parameter ``average_gradients`` against PyTorch's DDP.
 
-Both variants train the otcclip-tiny model (the recipe's ``model`` and ``train`` settings, TinyCLIP) with the
+Both variants train the otcclip-mosaic-tiny model (the recipe's ``model`` and ``train`` settings, TinyCLIP) with the
 same trainer on the same poisoned mosaics, 2 CPU processes (``torch.multiprocessing.spawn``, gloo, one torch
 thread each), global batch 50 (25 rows a rank):
 
@@ -88,7 +88,7 @@ def _worker(rank: int, world: int, init: str, args, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     counts = _count_python_collectives()
-    cfg = get_recipe("otcclip-tiny").build_config()
+    cfg = get_recipe("otcclip-mosaic-tiny").build_config()
     bed = build_testbed(
         DataConfig(n_pairs=args.pairs, max_items=2, captions_per_target=10, backdoor_pairs=20, n_eval=10,
                    n_probe_train=10),
@@ -214,7 +214,9 @@ def main() -> None:
         for i in range(args.repeats)
     ]
     med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-    print(f"otcclip-tiny ({args.defense}, epoch 0), 2 gloo ranks, global batch 50, {res['tensors']} tensors:")
+    print(
+        f"otcclip-mosaic-tiny ({args.defense}, epoch 0), 2 gloo ranks, global batch 50, {res['tensors']} tensors:"
+    )
     print(f"{'variant':<10} {'step ms (median)':>18} {'collectives/step':>18}")
     for k in ("per_param", "ddp"):
         print(f"{k:<10} {med[k]:>18.1f} {res['collectives_per_step'][k]:>18d}")

@@ -5,7 +5,7 @@
    re-ranking), all variants interleaved within each of several repeats; each ratio is the variant's epoch
    over the plain-CLIP epoch of the same repeat, reported as the median [min - max] over repeats (a shared
    machine's load moves both sides of a repeat alike). The target [ours]: overhead ratio <= 1.15. Variants:
-   the defaults (otcclip-tiny's defense settings); ``_intra16``: the recipe's ``intra_subset`` before the
+   the defaults (otcclip-mosaic-tiny's defense settings); ``_intra16``: the recipe's ``intra_subset`` before the
    third set of speed changes (16; now 12); ``_views_floor``: no inter term and one Sinkhorn iteration for the intra term (not a
    setting to train with: what the second views and re-matching cost without the OT-loss solves); ``_prev3``:
    that and the third set of speed switches off (``reprlab.ot.sinkhorn.RETIRE_CONVERGED``,
@@ -110,12 +110,12 @@ def epoch_times(n_pairs: int = 500, repeats: int = 5, trained_epochs: int = 0) -
     )
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     mcfg, tcfg = ModelConfig(patch_size=14), TrainConfig(epochs=4, batch_size=50, warmup_steps=5)
-    # the recipe's defense settings (otcclip-tiny: top_k 4, keep_margin 0.05, intra_subset 12), matching from
+    # the recipe's defense settings (otcclip-mosaic-tiny: top_k 4, keep_margin 0.05, intra_subset 12), matching from
     # epoch 1
     dcfg = DefenseConfig(
         bank_size=2048, top_k=4, keep_margin=0.05, intra_subset=12, rematch_warmup=1, rematch_every=2
     )
-    intra16 = replace(dcfg, intra_subset=16)  # otcclip-tiny before the third switch set
+    intra16 = replace(dcfg, intra_subset=16)  # otcclip-mosaic-tiny before the third switch set
     # a floor, not a setting to train with: no inter term and one Sinkhorn iteration for the intra term, so
     # the epoch pays for the second views (and re-matching) but almost nothing for the OT losses
     floor = replace(dcfg, lambda_inter=0.0, ot=replace(dcfg.ot, loss_tol=None, n_iters=1))

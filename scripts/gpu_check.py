@@ -4,7 +4,7 @@ Parts (``--parts``, default all):
 
 - ``ot``: ``benchmarks/bench_ot.py --device cuda`` (ours vs POT's batch solver on the torch backend), run as
   a child process; its time is the child's wall time, its peak the larger of the two solvers' peaks it reports;
-- ``otcclip``: one otcclip-tiny epoch (the recipe's model, train and defense settings, epoch 0: OT losses, no
+- ``otcclip``: one otcclip-mosaic-tiny epoch (the recipe's model, train and defense settings, epoch 0: OT losses, no
   re-matching) on the recipe's data, from a fresh model;
 - ``rote``: Rote training steps on rote-fda-tiny's GPT (``train.batch_size`` items; the time is the median of 5
   steps after 2 warm-up ones);
@@ -79,7 +79,7 @@ def part_otcclip(device: str) -> tuple[float, float | None, str]:
     from reprlab.methods.otcclip.training.trainer import Trainer
     from reprlab.recipes import get_recipe
 
-    cfg = get_recipe("otcclip-tiny").build_config()
+    cfg = get_recipe("otcclip-mosaic-tiny").build_config()
     bed = build_testbed(cfg.data, seed=cfg.seed)
     tok = WordTokenizer.from_texts(bed.pairs.captions)
     torch.manual_seed(cfg.seed)

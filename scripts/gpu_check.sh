@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-GPU check (about 3-8 minutes on one CUDA GPU): bench_ot.py --device cuda (ours vs POT's torch backend),
-# an otcclip-tiny epoch, Rote training steps and `reprlab run crl-tiny --demo` in bf16, printed as one table
+# an otcclip-mosaic-tiny epoch, Rote training steps and `reprlab run crl-tiny --demo` in bf16, printed as one table
 # with each part's time and peak CUDA memory (scripts/gpu_check.py). Refuses to start without CUDA, and fails
 # when a part did not allocate CUDA memory.
 #

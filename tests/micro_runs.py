@@ -54,7 +54,7 @@ class MicroRuns:
     PLAN = {
         "normic-tiny": NORMIC_MICRO,
         "rote-fda-tiny": ROTE_MICRO,
-        "otcclip-tiny": OTC_MICRO,
+        "otcclip-mosaic-tiny": OTC_MICRO,
         "crl-tiny": None,
     }
 

@@ -34,9 +34,9 @@ def test_config_agrees_with_what_run_uses():
     from reprlab.config.load import resolved_rows
     from reprlab.recipes import get_recipe
 
-    r = get_recipe("otcclip-tiny")
+    r = get_recipe("otcclip-mosaic-tiny")
     cfg = r.build_config([*r.demo, "train.lr=5e-4"])
-    result = runner.invoke(app, ["config", "otcclip-tiny", "--demo", "train.lr=5e-4"])
+    result = runner.invoke(app, ["config", "otcclip-mosaic-tiny", "--demo", "train.lr=5e-4"])
     assert result.exit_code == 0, result.output
     shown = dict(
         ln.split(maxsplit=1)[0].split("=", 1) for ln in result.output.splitlines() if not ln.startswith("#")

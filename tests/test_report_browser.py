@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
     reason="no Chromium at /usr/bin/chromium (`make install` installs Debian's chromium)",
 )
 
-REPORTS = ["normic-tiny", "rote-fda-tiny", "otcclip-tiny", "crl-tiny", "demo", "smoke-sweep"]
+REPORTS = ["normic-tiny", "rote-fda-tiny", "otcclip-mosaic-tiny", "crl-tiny", "demo", "smoke-sweep"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_report_reads_in_a_browser(micro_runs, browser, name):
     if name == "demo":  # each method's section opens with that method's claims
         firsts = {s["id"]: s["firstChild"] for s in res["nested"]}
         md = (micro_runs["demo"] / "report.md").read_text()
-        for recipe in ("normic-tiny", "rote-fda-tiny", "otcclip-tiny", "crl-tiny"):
+        for recipe in ("normic-tiny", "rote-fda-tiny", "otcclip-mosaic-tiny", "crl-tiny"):
             assert firsts[recipe] == f"{recipe}-claims", firsts
             # the overview's verdict counts are this run's claims.json
             row = next(ln for ln in md.splitlines() if ln.startswith(f"| [{recipe}]"))

@@ -86,13 +86,13 @@ def test_rote_fda_smollm2_is_the_tiny_task_on_the_packaged_smollm2():
 
 
 def test_otcclip_shards_tiny_is_otcclip_tiny_streamed_from_shards():
-    """The shards recipe inherits otcclip-tiny (base:): the testbed, model, training, defenses and claims are the
+    """The shards recipe inherits otcclip-mosaic-tiny (base:): the testbed, model, training, defenses and claims are the
     same, so the two recipes' numbers compare; only the data path (stream.*) differs."""
     import dataclasses
 
-    tiny, shards = (all_recipes()[n].build_config() for n in ("otcclip-tiny", "otcclip-shards-tiny"))
+    tiny, shards = (all_recipes()[n].build_config() for n in ("otcclip-mosaic-tiny", "otcclip-shards-tiny"))
     for block in ("data", "model", "train", "defense"):
         assert getattr(shards, block) == getattr(tiny, block), block
     assert dataclasses.replace(shards, stream=tiny.stream) == tiny
     assert shards.stream.write_shards and not tiny.stream.write_shards
-    assert all_recipes()["otcclip-shards-tiny"].claims() == all_recipes()["otcclip-tiny"].claims()
+    assert all_recipes()["otcclip-shards-tiny"].claims() == all_recipes()["otcclip-mosaic-tiny"].claims()

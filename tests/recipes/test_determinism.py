@@ -21,7 +21,7 @@ def _summary(run_dir):
 
 
 @pytest.mark.parametrize(
-    ("recipe", "overrides"), [("rote-fda-tiny", ROTE_MICRO), ("otcclip-tiny", OTC_MICRO)]
+    ("recipe", "overrides"), [("rote-fda-tiny", ROTE_MICRO), ("otcclip-mosaic-tiny", OTC_MICRO)]
 )
 def test_same_seed_same_summary(tmp_path, micro_runs, recipe, overrides):
     a = micro_runs[recipe]  # the session's run of this micro variant (tests/micro_runs.py)

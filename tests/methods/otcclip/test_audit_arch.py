@@ -26,7 +26,7 @@ def _hf_run(tmp_path, tokenizer: str):
         hf = _hf_clip_tokenizer(tmp_path)
         extra.append(f"model.tokenizer={tmp_path / 'tok'}")
     cfg = _cfg(extra)
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     bed = recipe.build_testbed(cfg.data, cfg.seed)
     if tokenizer == "hf":
         tok = hf
@@ -67,7 +67,7 @@ def test_audit_of_an_open_clip_run_without_open_clip_is_a_clean_error(tmp_path):
     except Exception:  # noqa: BLE001  (ImportError, or torchvision failing beside this torch)
         pass
     cfg = _cfg(["model.arch=open_clip:reprlab-tiny-vit"])
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     (run.dir / "checkpoints" / "otcclip" / "step_00000000").mkdir(parents=True)
     (run.dir / "checkpoints" / "otcclip" / "step_00000000" / "meta.json").write_text("{}")
     with pytest.raises(ModelNotAvailableError, match="open-clip-torch"):
@@ -95,7 +95,7 @@ def test_in_memory_hf_clip_run_trains_with_its_tokenizer_folder(tmp_path, monkey
         return {"metrics": {}, "examples": []}
 
     monkeypatch.setattr(recipe, "train_defense", fake_train)
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     recipe.run(cfg, run)
     assert isinstance(seen["tok"], HFTokenizerAdapter)
     assert (

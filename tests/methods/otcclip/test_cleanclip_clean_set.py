@@ -182,7 +182,7 @@ def test_recipe_cleanclip_with_a_clean_set_resumes_across_the_phase_switch(tmp_p
             "defense.cleanclip_start_epoch=1",
         ]
     )
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     summary = recipe.run(cfg, run)
     data = json.loads((run.dir / "analysis" / "data.json").read_text())
     assert data["n_clean_finetune"] == 40
@@ -191,7 +191,7 @@ def test_recipe_cleanclip_with_a_clean_set_resumes_across_the_phase_switch(tmp_p
     (run.dir / "stages" / "cleanclip.json").unlink()
     shutil.rmtree(run.checkpoints("cleanclip")[-1])
     assert len(run.checkpoints("cleanclip")) == 1  # only the pre-training epoch's
-    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", resume=True, quiet=True))
     for k, v in summary.items():
         assert resumed[k] == pytest.approx(v, abs=1e-6), k
 

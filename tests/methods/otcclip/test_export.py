@@ -93,7 +93,7 @@ def test_hf_export_loads_in_transformers_with_reprlabs_features_and_logits(tmp_p
 
 def test_tiny_arch_has_no_third_party_format_and_formats_must_match_the_arch(tmp_path):
     cfg = _cfg()  # model.arch=tiny
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     torch.manual_seed(0)
     run.save_checkpoint(0, {"model": build_model(cfg.model, 10, 1)}, tag="otcclip")
     _finish(run, "otcclip")

@@ -31,7 +31,7 @@ CAPTIONS = ["a bag top left", "a coat", "a sneaker and a bag", "a shirt bottom r
 
 def test_open_clip_export_loads_in_open_clip_with_reprlabs_features_and_logits(tmp_path):
     cfg = _cfg(["model.arch=open_clip:reprlab-tiny-vit"])
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     bed = build_testbed(cfg.data, cfg.seed)
     torch.manual_seed(3)
     model = build_model(cfg.model, 0, bed.pairs.images.shape[1])

@@ -1,4 +1,4 @@
-"""otcclip-tiny end to end on a miniature config: summary keys, report, resume from stages/checkpoints."""
+"""otcclip-mosaic-tiny end to end on a miniature config: summary keys, report, resume from stages/checkpoints."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.config import DEFAULT_DEFENSES
 from reprlab.runs import Run
 
-YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-tiny.yaml"
+YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-mosaic-tiny.yaml"
 MINI = [
     "data.n_pairs=160",
     "data.captions_per_target=4",
@@ -47,7 +47,7 @@ def test_every_shipped_otcclip_recipe_loads_with_its_demo_overrides():
 @pytest.mark.slow
 def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     cfg = _cfg()
-    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     summary = recipe.run(cfg, run)
     import json
 
@@ -68,7 +68,7 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     assert (run.dir / "audit" / "flagged.csv").exists()
     _audit_cli_on_user_files(tmp_path, run.dir)
     # resume: every defense is a finished stage, so nothing retrains and the summary is identical
-    again = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    again = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", resume=True, quiet=True))
     assert again == summary
     # a run killed during otcclip's last epoch: its stage and last checkpoint are missing; resuming from
     # the epoch-1 checkpoint (weights, optimizer, bank, RNG) must reproduce the uninterrupted result
@@ -78,7 +78,7 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     (run.dir / "stages" / "audit.json").unlink()
     shutil.rmtree(run.checkpoints("otcclip")[-1])
     assert len(run.checkpoints("otcclip")) == 1
-    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-tiny", resume=True, quiet=True))
+    resumed = recipe.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", resume=True, quiet=True))
     for k, v in summary.items():
         if k.startswith("otcclip."):
             assert resumed[k] == pytest.approx(v, abs=1e-6), k
@@ -157,20 +157,20 @@ def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts(
     )
     from reprlab.recipes import all_recipes
 
-    # every otcclip recipe but otcclip-web-tiny has the same claims, stated or inherited (base:)
+    # every otcclip recipe but otcclip-tiny has the same claims, stated or inherited (base:)
     for path in YAML.parent.glob("*.yaml"):
-        if path.stem == "otcclip-web-tiny":  # the web-like testbed's calibration bands: tested below
+        if path.stem == "otcclip-tiny":  # the web-like testbed's calibration bands: tested below
             continue
         assert [c.check for c in all_recipes()[path.stem].claims()] == [c.check for c in claims], path.stem
 
 
 def test_otcclip_web_tiny_calibration_claims_give_known_verdicts():
-    """otcclip-web-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
+    """otcclip-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
     0.02 under in probe does not (band 0.01); the paired-CI claims read the paired keys the run writes."""
     from reprlab.methods.otcclip.pipeline.run import paired_differences
     from reprlab.results.claims import evaluate_claims, parse_claims
 
-    path = YAML.parent / "otcclip-web-tiny.yaml"
+    path = YAML.parent / "otcclip-tiny.yaml"
     claims = parse_claims(yaml.safe_load(path.read_text())["claims"], str(path))
     metrics = ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor")
     rows = {

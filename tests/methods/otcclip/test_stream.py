@@ -302,7 +302,7 @@ def test_a_resumed_stream_trainer_continues_bitwise(items, tmp_path):
 
 
 def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_path):
-    """otcclip-shards-tiny on otcclip-tiny's miniature config: the shards stage writes the testbed, every defense
+    """otcclip-shards-tiny on otcclip-mosaic-tiny's miniature config: the shards stage writes the testbed, every defense
     trains from the stream and is evaluated; a second run streams the first run's shards as a user folder
     (stream.source), and a run killed in otcclip's last epoch resumes to the same summary."""
     import shutil
@@ -313,7 +313,7 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     from tests.methods.otcclip.test_recipe import MINI
 
     mini = [*MINI, "stream.shard_size=42", "stream.window_batches=4", "audit_defense=", "threads=1"]
-    cfg = get_recipe("otcclip-shards-tiny").build_config(mini)  # with its base (otcclip-tiny) resolved
+    cfg = get_recipe("otcclip-shards-tiny").build_config(mini)  # with its base (otcclip-mosaic-tiny) resolved
     run = Run.create(tmp_path / "r", cfg, "otcclip-shards-tiny", quiet=True)
     summary = R.run(cfg, run)
     manifest = json.loads((run.dir / "shards" / sh.MANIFEST).read_text())

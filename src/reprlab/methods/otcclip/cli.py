@@ -72,7 +72,7 @@ def make_shards(
         "most --shard-size samples (a small clean set still gives every slot a share)",
     ),
 ) -> None:
-    """Write Fashion-MNIST mosaics (poisoned as in otcclip-tiny unless --clean) as webdataset tar shards, and
+    """Write Fashion-MNIST mosaics (poisoned as in otcclip-mosaic-tiny unless --clean) as webdataset tar shards, and
     optionally a clean fine-tuning shard set (--clean-finetune-pairs) into a separate folder."""
     from reprlab.errors import ConfigError
     from reprlab.methods.otcclip.config import DataConfig
@@ -82,7 +82,7 @@ def make_shards(
 
     if trigger not in TRIGGERS:
         raise ConfigError(f"--trigger {trigger!r} is not one of {list(TRIGGERS)}")
-    cfg = DataConfig(  # otcclip-tiny's poisons
+    cfg = DataConfig(  # otcclip-mosaic-tiny's poisons
         n_pairs=n_pairs,
         max_items=max_items,
         captions_per_target=30,

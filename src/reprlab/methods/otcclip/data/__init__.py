@@ -2,7 +2,7 @@
 
 * ``pairs``: ``PairSet`` (image-caption pairs with provenance), ``LabeledSet``, ``SignatureIndex``.
 * ``web`` / ``mosaic`` / ``shapes``: the testbeds' items and captions [ours] (``web``: single items with
-  paraphrased captions and alt-text noise, recipe otcclip-web-tiny); ``testbed``: one seed's poisoned training
+  paraphrased captions and alt-text noise, recipe otcclip-tiny); ``testbed``: one seed's poisoned training
   pairs and held-out evaluation sets.
 * ``triggers`` / ``poison``: backdoor triggers; targeted poisons and backdoors planted in a ``PairSet``.
 * ``tokenizer``: our word tokenizer; ``transforms``: decoding to the model's input size, ``uint8`` -> [-1, 1].

@@ -92,7 +92,10 @@ def report_sections(run_dir: Path) -> list[Section]:
             f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
             f"zero-shot {gate['zeroshot_acc']:.2f}."
         )
-    title = "OTCCLIP vs baselines on the poisoned mosaic testbed"
+    testbed = {"fashion_web": "web-like", "shapes": "shapes"}.get(
+        data.get("testbed", "fashion_mnist"), "mosaic"
+    )
+    title = f"OTCCLIP vs baselines on the poisoned {testbed} testbed"
     if "eval_zeroshot_dir" in data:
         title = "OTCCLIP vs baselines on your data"
         notes += folder_notes(data)
