@@ -202,3 +202,19 @@ def test_otcclip_web_tiny_calibration_claims_give_known_verdicts():
         "otcclip_keeps_zero_shot": True,
         "otcclip_best_ci": None,
     }
+
+
+def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
+    """The comparison's heading names the run's testbed (it once said "mosaic" for every testbed)."""
+    import json
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(micro_runs["otcclip-mosaic-tiny"], run_dir)
+    assert recipe.report_sections(run_dir)[0].title == "OTCCLIP vs baselines on the poisoned mosaic testbed"
+    data_json = run_dir / "analysis" / "data.json"
+    for testbed, word in (("fashion_web", "web-like"), ("shapes", "shapes")):
+        data_json.write_text(json.dumps({**json.loads(data_json.read_text()), "testbed": testbed}))
+        assert (
+            recipe.report_sections(run_dir)[0].title == f"OTCCLIP vs baselines on the poisoned {word} testbed"
+        )
