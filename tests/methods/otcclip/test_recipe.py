@@ -218,3 +218,36 @@ def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
         assert (
             recipe.report_sections(run_dir)[0].title == f"OTCCLIP vs baselines on the poisoned {word} testbed"
         )
+
+
+def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_path):
+    """``otcclip-tiny`` (web-like pairs, all five defenses) end to end at mini sizes: every defense's headline keys,
+    the testbed's alt-text noise counted, and each calibration claim given a verdict."""
+    spec = yaml.safe_load((YAML.parent / "otcclip-tiny.yaml").read_text())
+    mini = [o for o in MINI if not o.startswith("data.n_pairs")]
+    extra = [
+        "data.n_pairs=200",
+        "data.clean_finetune_pairs=40",
+        "defense.cleanclip_start_epoch=1",
+        "audit_defense=",
+    ]
+    cfg = load_config(recipe.Config, spec["config"], [*mini, *extra])
+    assert cfg.data.testbed == "fashion_web" and cfg.defenses == (
+        "none",
+        "roclip",
+        "safeclip",
+        "otcclip",
+        "cleanclip",
+    )
+    run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
+    summary = recipe.run(cfg, run)
+    for d in cfg.defenses:
+        for m in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor", "nn_concept_match"):
+            assert 0.0 <= summary[f"{d}.{m}"] <= 1.0, (d, m)
+    from reprlab.results.claims import evaluate_claims, parse_claims
+
+    claims = parse_claims(spec["claims"], "otcclip-tiny")
+    verdicts = {r.claim.name: r.holds for r in evaluate_claims(claims, summary)}
+    single_run = {n for n in verdicts if n.endswith("_ci")}  # sweeps only: n/a on one run
+    assert all(verdicts[n] is None for n in single_run)
+    assert all(isinstance(verdicts[n], bool) for n in set(verdicts) - single_run)
