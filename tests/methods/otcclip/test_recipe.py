@@ -1,5 +1,6 @@
 """otcclip-mosaic-tiny end to end on a miniature config: summary keys, report, resume from stages/checkpoints."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,6 @@ def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
     cfg = _cfg()
     run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     summary = recipe.run(cfg, run)
-    import json
 
     # the summary is the final evaluation, and the re-matching/split diagnostics are those of the last
     # matching epoch logged in metrics.jsonl (a consistency check; values are tested on planted problems)
@@ -206,7 +206,6 @@ def test_otcclip_web_tiny_calibration_claims_give_known_verdicts():
 
 def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
     """The comparison's heading names the run's testbed (it once said "mosaic" for every testbed)."""
-    import json
     import shutil
 
     run_dir = tmp_path / "run"
@@ -218,6 +217,9 @@ def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
         assert (
             recipe.report_sections(run_dir)[0].title == f"OTCCLIP vs baselines on the poisoned {word} testbed"
         )
+    # a run on the user's own data (streamed shards: testbed "none") is not called a testbed of ours
+    data_json.write_text(json.dumps({**json.loads(data_json.read_text()), "testbed": "none"}))
+    assert recipe.report_sections(run_dir)[0].title == "OTCCLIP vs baselines on your data"
 
 
 def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_path):
@@ -238,6 +240,11 @@ def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_pat
     for d in cfg.defenses:
         for m in ("zeroshot_acc", "linear_probe_acc", "asr_targeted", "asr_backdoor", "nn_concept_match"):
             assert 0.0 <= summary[f"{d}.{m}"] <= 1.0, (d, m)
+    data = json.loads(
+        (run.dir / "analysis" / "data.json").read_text()
+    )  # 10 % of 200 captions are alt-text noise
+    assert data["testbed"] == "fashion_web"
+    assert data["n_caption_noise_generic"] + data["n_caption_noise_wrong"] == 20
     from reprlab.results.claims import evaluate_claims, parse_claims
 
     claims = parse_claims(spec["claims"], "otcclip-tiny")

@@ -33,6 +33,13 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
+_TESTBED_TITLES = {
+    "fashion_mnist": "the poisoned mosaic testbed",
+    "fashion_web": "the poisoned web-like testbed",
+    "shapes": "the poisoned shapes testbed",
+}
+
+
 def report_sections(run_dir: Path) -> list[Section]:
     """Table, plots and notes of the comparison, from the saved files of ``run_dir``."""
     from reprlab.report.figures import pyplot
@@ -92,10 +99,10 @@ def report_sections(run_dir: Path) -> list[Section]:
             f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
             f"zero-shot {gate['zeroshot_acc']:.2f}."
         )
-    testbed = {"fashion_web": "web-like", "shapes": "shapes"}.get(
-        data.get("testbed", "fashion_mnist"), "mosaic"
+    # run folders written before data.json named its testbed were all mosaics; user data (shards, files) is "yours"
+    title = "OTCCLIP vs baselines on " + _TESTBED_TITLES.get(
+        data.get("testbed", "fashion_mnist"), "your data"
     )
-    title = f"OTCCLIP vs baselines on the poisoned {testbed} testbed"
     if "eval_zeroshot_dir" in data:
         title = "OTCCLIP vs baselines on your data"
         notes += folder_notes(data)
