@@ -85,7 +85,7 @@ def test_rote_fda_smollm2_is_the_tiny_task_on_the_packaged_smollm2():
     assert all_recipes()["rote-fda-smollm2"].claims() == all_recipes()["rote-fda-tiny"].claims()
 
 
-def test_otcclip_shards_tiny_is_otcclip_tiny_streamed_from_shards():
+def test_otcclip_shards_tiny_is_otcclip_mosaic_tiny_streamed_from_shards():
     """The shards recipe inherits otcclip-mosaic-tiny (base:): the testbed, model, training, defenses and claims are the
     same, so the two recipes' numbers compare; only the data path (stream.*) differs."""
     import dataclasses

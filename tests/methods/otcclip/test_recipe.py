@@ -46,7 +46,7 @@ def test_every_shipped_otcclip_recipe_loads_with_its_demo_overrides():
 
 
 @pytest.mark.slow
-def test_otcclip_tiny_end_to_end_and_resume(tmp_path):
+def test_otcclip_mosaic_tiny_end_to_end_and_resume(tmp_path):
     cfg = _cfg()
     run = Run.create(tmp_path / "r", cfg, "otcclip-mosaic-tiny", quiet=True)
     summary = recipe.run(cfg, run)
@@ -164,7 +164,7 @@ def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts(
         assert [c.check for c in all_recipes()[path.stem].claims()] == [c.check for c in claims], path.stem
 
 
-def test_otcclip_web_tiny_calibration_claims_give_known_verdicts():
+def test_otcclip_tiny_calibration_claims_give_known_verdicts():
     """otcclip-tiny's bands on a hand-made seed: RoCLIP-style 0.02 under none in zero-shot holds (band 0.03),
     0.02 under in probe does not (band 0.01); the paired-CI claims read the paired keys the run writes."""
     from reprlab.methods.otcclip.pipeline.run import paired_differences
