@@ -268,6 +268,7 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
         "defense.own_negatives=mask_text",
         "defense.own_negatives=mask_own",  # pair indices of a window mean nothing in the next
         "defense.reassigned_weight=0.5",
+        "defense.flag=consensus",  # scores every training pair
     ):
         with pytest.raises(ConfigError, match="in-memory trainer only"):
             recipe.preflight(_cfg(["stream.write_shards=true", "data.clean_finetune_pairs=0", opt]))
@@ -276,11 +277,17 @@ def test_options_that_need_the_whole_training_set_refuse_a_stream_and_bad_combin
     d = make_defense("otcclip", DefenseConfig(match_schedule="epoch_start"))
     with pytest.raises(ConfigError, match="needs the in-memory trainer"):
         d.start_epoch(SimpleNamespace(in_memory=False), 2, "otc_match")
-    for cfg in (DefenseConfig(own_negatives="mask_own"), DefenseConfig(reassigned_weight=0.5)):
+    for cfg in (
+        DefenseConfig(own_negatives="mask_own"),
+        DefenseConfig(reassigned_weight=0.5),
+        DefenseConfig(flag="consensus"),
+    ):
         with pytest.raises(ConfigError, match="needs the in-memory trainer"):
             make_defense("otcclip", cfg).start_epoch(SimpleNamespace(in_memory=False), 0, "otc")
     with pytest.raises(ConfigError, match="matched_text=pool only"):
         make_defense("otcclip", DefenseConfig(match_schedule="epoch_start", matched_text="kept_grad"))
+    with pytest.raises(ConfigError, match="flag_until"):
+        make_defense("otcclip", DefenseConfig(flag="consensus", flag_start=5, flag_until=4))
 
 
 def test_the_bank_records_caption_provenance_whenever_an_option_compares_it():

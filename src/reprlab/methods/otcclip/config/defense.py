@@ -119,6 +119,46 @@ class DefenseConfig:
             "le": 1,
         },
     )
+    flag: str = field(
+        default="none",
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A consensus flag'] 'none'; 'consensus' = before every epoch "
+            "from flag_start to flag_until, score every pair by neighbour consensus (how unlike its own image are "
+            "the images of the captions nearest its caption; defenses/consensus.py) with the epoch-start model, "
+            "and flag the flag_share least supported; flags accumulate over those epochs (kept in checkpoints). "
+            "Flagged pairs leave the CLIP and inter-OT terms for the rest of training; flagged_train says what "
+            "they train instead (in-memory trainer only)",
+            "choices": ["none", "consensus"],
+        },
+    )
+    flag_start: int = field(
+        default=4, metadata={"help": "[ours] first epoch that flags (flag=consensus)", "ge": 0}
+    )
+    flag_until: int = field(
+        default=6, metadata={"help": "[ours] last epoch that flags (flag=consensus)", "ge": 0}
+    )
+    flag_share: float = field(
+        default=0.3,
+        metadata={"help": "[ours] share of all pairs flagged at each flagging epoch", "gt": 0, "lt": 1},
+    )
+    flag_k: int = field(
+        default=50, metadata={"help": "[ours] caption neighbours of the consensus score", "ge": 1}
+    )
+    flag_duplicate_cos: float = field(
+        default=0.98,
+        metadata={
+            "help": "[ours] image cosine above which a neighbour is a copy of the pair's own image and does not "
+            "count (copies cannot vouch for each other)"
+        },
+    )
+    flagged_train: str = field(
+        default="inmodal",
+        metadata={
+            "help": "[ours] what flagged pairs train: 'inmodal' = in-modality InfoNCE on two views of image and "
+            "caption (SafeCLIP's risky-set loss), 'drop' = nothing",
+            "choices": ["inmodal", "drop"],
+        },
+    )
     match_schedule: str = field(
         default="step",
         metadata={
@@ -208,7 +248,7 @@ class DefenseConfig:
 def whole_set_options(cfg: DefenseConfig) -> list[str]:
     """The [ours] options (``key=value``) that key on training-pair indices, i.e. positions in the whole training
     set: ``match_schedule='epoch_start'`` re-matches every pair, ``own_negatives`` and ``reassigned_weight``
-    compare the pair a caption came from with the image's own. A streaming trainer indexes its current window
+    compare the pair a caption came from with the image's own, ``flag`` scores every pair. A streaming trainer indexes its current window
     only, so these need the in-memory trainer (checked at preflight and by the defense)."""
     out = []
     if cfg.match_schedule == "epoch_start":
@@ -217,4 +257,6 @@ def whole_set_options(cfg: DefenseConfig) -> list[str]:
         out.append(f"defense.own_negatives={cfg.own_negatives}")
     if cfg.reassigned_weight != 1.0:
         out.append(f"defense.reassigned_weight={cfg.reassigned_weight:g}")
+    if cfg.flag != "none":
+        out.append(f"defense.flag={cfg.flag}")
     return out

@@ -14,6 +14,12 @@ Options against the within-epoch feedback loop of re-matching [ours; docs/otccli
 ``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and ``match_schedule='epoch_start'``
 fixes the assignment for a whole matching epoch from the epoch-start model (these three need the in-memory
 trainer: :func:`~..config.defense.whole_set_options`).
+
+``flag='consensus'`` [ours; docs/otcclip_testbed.md, "A consensus flag"]: before each epoch from ``flag_start`` to
+``flag_until`` every pair is scored by neighbour consensus (:mod:`.consensus`) and the least supported
+``flag_share`` are flagged (flags accumulate, stored as the trainer's per-pair ``state.safe``); flagged pairs leave
+the CLIP and inter-OT terms and, with ``flagged_train='inmodal'``, train an in-modality InfoNCE on two views of their
+image and of their caption instead.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, flag_top
+from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments, unimodal_loss
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
     otc_rematch,
@@ -33,6 +40,7 @@ from reprlab.methods.otcclip.defenses.matching import (
     rematch_whole_set,
     used_width,
 )
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.methods.otcclip.models.features import (
     ImageFeatures,
     TextFeatures,
@@ -60,6 +68,10 @@ class OTCCLIP(Defense):
         super().__init__(cfg)
         if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
             raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
+        if cfg.flag != "none" and cfg.flag_until < cfg.flag_start:
+            raise ConfigError(
+                f"defense.flag_until ({cfg.flag_until}) must be >= defense.flag_start ({cfg.flag_start})"
+            )
         # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
         self._fixed = None
 
@@ -102,11 +114,32 @@ class OTCCLIP(Defense):
         self._fixed = None
         if not tr.in_memory and (opts := whole_set_options(self.cfg)):
             raise ConfigError(f"{', '.join(opts)} needs the in-memory trainer (a stream indexes one window)")
+        stats = self.flag_pairs(tr, epoch)
         if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
-            return {}
+            return stats
         self._fixed = rematch_whole_set(tr.model, tr.data.images, tr.ids, tr.mask, self.cfg, tr.device)
         own_kept = (self._fixed["index"] == torch.arange(len(tr.ids), device=tr.device)).float().mean()
-        return {"epoch_start_own_kept": float(own_kept)}
+        return {**stats, "epoch_start_own_kept": float(own_kept)}
+
+    @torch.no_grad()
+    def flag_pairs(self, tr, epoch: int) -> dict:
+        """``flag='consensus'``: on flagging epochs, add the least-supported ``flag_share`` of all pairs (scored with
+        the epoch-start model, un-augmented) to the flagged set ``~tr.state.safe``; logs the flagged share and, as
+        diagnostics only, the share of poisons flagged."""
+        c = self.cfg
+        if c.flag == "none":
+            return {}
+        if c.flag_start <= epoch <= c.flag_until:
+            img = embed_images(tr.model, tr.data.images)
+            txt = embed_texts(tr.model, tr.ids, tr.mask)
+            new = flag_top(consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos), c.flag_share)
+            tr.state.safe &= ~new.to(tr.state.safe.device)
+        flagged = ~tr.state.safe.cpu()
+        poison = tr.poison.cpu()
+        return {
+            "flagged_share": float(flagged.float().mean()),
+            "poison_flagged": float(flagged[poison].float().mean()) if poison.any() else float("nan"),
+        }
 
     def assign_fixed(self, tr, b: Batch) -> tuple[Assignment, TextFeatures]:
         """The epoch-start assignment of this rank's pairs (``match_schedule='epoch_start'``)."""
@@ -356,15 +389,42 @@ class OTCCLIP(Defense):
         ):  # [ours] re-assigned = another pair's caption
             moved = all_gather_nograd(self._assigned_loc) != b.idx.to(tr.device)
             row_w = torch.where(moved, c.reassigned_weight, 1.0).to(img.global_.dtype)
+        flagged = None
+        if c.flag != "none":
+            flagged = ~tr.state.safe[b.loc.to(tr.device)]
+            if bool(all_gather_nograd(flagged.any()[None]).any()):
+                keep = ~flagged if keep is None else keep & ~flagged
+            else:
+                flagged = None
         terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep, neg, row_w)
+        if flagged is not None and c.flagged_train == "inmodal":
+            terms["inmodal"] = self.inmodal(tr, b, img, own, flagged)
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + c.lambda_inter * terms["ot_inter"]
         if "ot_intra" in terms:
             loss = loss + c.lambda_intra * terms["ot_intra"]
+        if "inmodal" in terms:
+            loss = loss + terms["inmodal"]
         if "ot_marginal_error" in terms:
             self._note_loss_ot(tr, b, float(terms["ot_marginal_error"]))
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
+
+    def inmodal(self, tr, b: Batch, img: ImageFeatures, own: TextFeatures | None, flagged: torch.Tensor):
+        """In-modality InfoNCE (SafeCLIP's risky-set loss) over the flagged rows of the global batch: first vs second
+        view of each image and of each own caption. ``flagged bool (local,)``; ``own``: the own captions'
+        first-view features with gradient when the step has them."""
+        model, gather, tau = tr.model, all_gather_with_grad, self.cfg.unimodal_temperature
+        if own is None:
+            own = model.encode_text(b.ids1, b.mask1)
+        img2, txt2 = model.encode_image(b.view2), model.encode_text(b.ids2, b.mask2)
+        rows = all_gather_nograd(flagged)
+        zero = img.global_.sum() * 0.0
+        if rows.sum() < 2:  # InfoNCE needs a negative
+            return zero
+        a1, a2 = gather(img.global_)[rows], gather(img2.global_)[rows]
+        t1, t2 = gather(own.global_)[rows], gather(txt2.global_)[rows]
+        return unimodal_loss(a1, a2, tau) + unimodal_loss(t1, t2, tau)
 
     def _note_loss_ot(self, tr, b: Batch, err: float) -> None:
         """Track the epoch's largest loss-OT marginal error; warn once, at the epoch's last step, when it is

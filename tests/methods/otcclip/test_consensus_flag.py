@@ -1,0 +1,148 @@
+"""The consensus flag [ours] (defenses/consensus.py and OTCCLIP's ``flag='consensus'``).
+
+* the score equals the formula written out with Python loops (float64) on clustered features, in any chunking;
+* on synthetic web-like features it ranks mismatched pairs first, including copies of one image that all carry
+  the same wrong caption, and that needs the duplicate rule (with it off, the copies vouch for each other);
+* inside OTCCLIP, flagged pairs leave the CLIP term (the loss equals the written-out loss of the other pairs) and
+  train the in-modality loss, whose value on the planted problem is known (2 log 4); flags accumulate over the
+  flagging epochs and are the top share of the score.
+
+Checked by breaking each on purpose (then restoring it): the duplicate mask removed, the sign of the score flipped,
+the kept mask not applied to the CLIP term, flags overwritten instead of accumulated.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, flag_top
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
+
+from .planted import DIM, image_class
+from .test_defenses import _planted
+from .test_defenses_feedback import _oracle
+
+
+def _reference(img, txt, k, dup_cos):
+    """-mean over the k nearest captions (excluding self and image near-duplicates) of image cosines, by loops."""
+    img, txt = img.double(), txt.double()
+    n, out = len(img), []
+    for i in range(n):
+        cand = [j for j in range(n) if j != i and float(img[i] @ img[j]) <= dup_cos]
+        cand.sort(key=lambda j: -float(txt[i] @ txt[j]))
+        nn = cand[:k]
+        out.append(-sum(float(img[i] @ img[j]) for j in nn) / max(len(nn), 1))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _web_like(seed=0, n_per=40, classes=5, dim=16, noise=0.5):
+    """Clean pairs (image and caption near their class centroid, separate noise), 12 'backdoor' pairs (images of
+    random classes, captions of class 0) and 10 copies of one class-1 image captioned as class 2.
+    Returns img, txt (normalised) and kind (0 clean, 1 copies, 2 backdoor)."""
+    g = torch.Generator().manual_seed(seed)
+    ci, ct = torch.randn(classes, dim, generator=g), torch.randn(classes, dim, generator=g)
+    y = torch.arange(classes).repeat_interleave(n_per)
+    img = ci[y] + noise * torch.randn(len(y), dim, generator=g)
+    txt = ct[y] + noise * torch.randn(len(y), dim, generator=g)
+    yb = torch.randint(1, classes, (12,), generator=g)
+    img_b = ci[yb] + noise * torch.randn(12, dim, generator=g)
+    txt_b = ct[0] + noise * torch.randn(12, dim, generator=g)
+    img_c = (ci[1] + noise * torch.randn(dim, generator=g)).expand(10, dim)
+    # the attacker's captions share a template: closer to each other than to clean captions of their class
+    txt_c = ct[2] + noise * torch.randn(dim, generator=g) + 0.2 * noise * torch.randn(10, dim, generator=g)
+    img = F.normalize(torch.cat([img, img_b, img_c]), dim=-1)
+    txt = F.normalize(torch.cat([txt, txt_b, txt_c]), dim=-1)
+    kind = torch.cat([torch.zeros(len(y)), torch.full((12,), 2), torch.ones(10)]).long()
+    return img, txt, kind
+
+
+@pytest.mark.parametrize("chunk", [1024, 7])
+def test_consensus_score_matches_the_written_out_formula(chunk):
+    img, txt, _ = _web_like(seed=1, n_per=8)
+    got = consensus_scores(img, txt, k=5, duplicate_cos=0.98, chunk=chunk)
+    # float32 matmuls against a float64 loop: agreement within 1e-5 (sums of 5 products of unit vectors)
+    assert torch.allclose(got.double(), _reference(img, txt, 5, 0.98), atol=1e-5)
+    # side='image' is the same formula with the roles of the two feature sets swapped (duplicate rule off)
+    swapped = consensus_scores(txt, img, k=5, duplicate_cos=2.0, side="image", chunk=chunk)
+    assert torch.allclose(swapped.double(), _reference(img, txt, 5, 2.0), atol=1e-5)
+
+
+def test_consensus_ranks_mismatched_pairs_first_and_copies_need_the_duplicate_rule():
+    for seed in range(3):
+        img, txt, kind = _web_like(seed)
+        s = consensus_scores(img, txt, k=8)  # k below the 10 copies: without the rule they are each other's
+        # whole neighbourhood
+        for bad in (1, 2):
+            m = (kind == 0) | (kind == bad)
+            assert roc_auc_score((kind[m] == bad).numpy(), s[m].numpy()) > 0.95  # 0.96-1.00 over seeds 0-5
+        flagged = flag_top(s, 0.15)
+        assert flagged[kind > 0].sum() >= 19  # of 22 mismatched pairs among 222, in the top 15 % (19-22 seen)
+        # copies of one image vouch for each other when the duplicate rule is off
+        off = consensus_scores(img, txt, k=8, duplicate_cos=2.0)
+        m = kind <= 1
+        assert (
+            roc_auc_score((kind[m] == 1).numpy(), off[m].numpy()) < 0.5
+        )  # 0.0: the copies look the best supported
+
+
+def test_flag_top_takes_the_rounded_share_and_breaks_ties_by_index():
+    s = torch.tensor([0.5, 0.9, 0.5, 0.1, 0.5])
+    assert flag_top(s, 0.4).tolist() == [True, True, False, False, False]
+    assert flag_top(s, 0.2).tolist() == [False, True, False, False, False]
+    with pytest.raises(ValueError, match=r"\(N, d\)"):
+        consensus_scores(torch.zeros(3, 2), torch.zeros(4, 2))
+
+
+def _flagged_trainer(**kw):
+    # rematch_warmup 99: no matching epoch, so the step's captions are the own ones
+    return _planted("otcclip", rematch_warmup=99, flag="consensus", **kw)
+
+
+def test_flagged_pairs_leave_the_clip_term_and_train_in_modality():
+    all_rows = torch.arange(16)
+    for mode in ("drop", "inmodal"):
+        tr = _flagged_trainer(flag_start=5, flag_until=5, flagged_train=mode)
+        tr.state.safe[12:] = False  # flag the four planted poisons by hand
+        scale = float(tr.model.scale().detach())
+        out = tr.step(all_rows, 0, 0, "otc")
+        u = F.one_hot(image_class(tr.data), DIM).float()
+        w = F.one_hot(tr.data.sig, DIM).float()  # own captions (no matching epoch)
+        clean = _oracle(u[:12], w[:12], scale)
+        assert abs(clean - _oracle(u, w, scale)) > 0.05  # dropping the poisons is visible
+        # in-modality InfoNCE over the 4 flagged rows: all views identical, so each direction is log 4
+        expected = clean + (2 * math.log(4) if mode == "inmodal" else 0.0)
+        assert float(out.loss) == pytest.approx(expected, abs=1e-5)
+
+
+def test_flags_are_the_top_share_of_the_score_and_accumulate_over_the_flagging_epochs():
+    tr = _flagged_trainer(flag_start=0, flag_until=1, flag_share=0.25, flag_k=3, flag_duplicate_cos=2.0)
+    stats = tr.impl.start_epoch(tr, 0, "otc")
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    first = flag_top(consensus_scores(img, txt, 3, 2.0), 0.25)
+    assert torch.equal(~tr.state.safe.cpu(), first)
+    assert stats["flagged_share"] == pytest.approx(0.25)
+    tr.state.safe.copy_(~torch.arange(16).eq(0))  # pretend pair 0 was flagged earlier
+    tr.impl.start_epoch(tr, 1, "otc")
+    assert torch.equal(~tr.state.safe.cpu(), first | torch.arange(16).eq(0))  # union, not overwritten
+    before = tr.state.safe.clone()
+    tr.impl.start_epoch(tr, 2, "otc")  # after flag_until: unchanged
+    assert torch.equal(tr.state.safe, before)
+    assert np.isfinite(stats["poison_flagged"])
+
+
+def test_flags_are_checkpointed_so_a_resumed_run_trains_the_same_step():
+    kw = dict(flag_start=0, flag_until=0, flag_share=0.25, flag_k=3, flag_duplicate_cos=2.0)
+    straight = _flagged_trainer(**kw)
+    straight.impl.start_epoch(straight, 0, "otc")
+    saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
+    resumed = _flagged_trainer(**kw)
+    for k, m in resumed.modules().items():
+        m.load_state_dict(saved[k])
+    resumed.impl.start_epoch(resumed, 1, "otc")  # past flag_until: the restored flags stand
+    assert torch.equal(resumed.state.safe, straight.state.safe) and (~straight.state.safe).any()
+    a, b = straight.step(torch.arange(16), 1, 0, "otc"), resumed.step(torch.arange(16), 1, 0, "otc")
+    assert float(b.loss) == float(a.loss)
