@@ -146,3 +146,38 @@ def test_flags_are_checkpointed_so_a_resumed_run_trains_the_same_step():
     assert torch.equal(resumed.state.safe, straight.state.safe) and (~straight.state.safe).any()
     a, b = straight.step(torch.arange(16), 1, 0, "otc"), resumed.step(torch.arange(16), 1, 0, "otc")
     assert float(b.loss) == float(a.loss)
+
+
+def test_release_returns_flagged_pairs_that_score_like_the_accepted_ones():
+    """Planted scores (k=2): clean pairs -1 or -0.5 (the dogs share their captions with the poisons), the poisons
+    0. Two clean pairs and two poisons flagged by hand; the 0.75 quantile of the accepted pairs' scores is -0.5, so
+    the two clean pairs (-1) come back and the poisons stay."""
+    kw = dict(flag_start=9, flag_until=9, flag_k=2, flag_duplicate_cos=2.0, flag_release_epoch=1)
+    tr = _flagged_trainer(flag_release_quantile=0.75, **kw)
+    flagged = torch.zeros(16, dtype=torch.bool)
+    flagged[[0, 6, 12, 13]] = True
+    tr.state.safe.copy_(~flagged)
+    tr.impl.start_epoch(tr, 0, "otc")  # before the release epoch: nothing changes
+    assert torch.equal(tr.state.safe, ~flagged)
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    score = consensus_scores(img, txt, 2, 2.0)
+    assert float(torch.quantile(score[~flagged], 0.75)) == pytest.approx(-0.5)
+    stats = tr.impl.start_epoch(tr, 1, "otc")
+    expected = torch.zeros(16, dtype=torch.bool)
+    expected[[12, 13]] = True
+    assert torch.equal(~tr.state.safe.cpu(), expected)
+    assert stats["released"] == 2
+
+
+def test_rematch_false_leaves_otcclip_without_matching_epochs_and_roclip_unchanged():
+    from reprlab.methods.otcclip.defenses import DefenseConfig, make_defense
+
+    on, off = DefenseConfig(rematch_warmup=2), DefenseConfig(rematch_warmup=2, rematch=False)
+    assert [make_defense("otcclip", on).phase(e) for e in range(5)] == [
+        "otc",
+        "otc",
+        *["otc_match", "otc"] * 1,
+        "otc_match",
+    ]
+    assert {make_defense("otcclip", off).phase(e) for e in range(20)} == {"otc"}
+    assert make_defense("roclip", off).phase(2) == make_defense("roclip", on).phase(2) == "roclip_match"

@@ -59,6 +59,14 @@ class DefenseConfig:
     bank_size: int = field(default=4096, metadata={"help": "FIFO caption bank (RoCLIP default 21,845)"})
     top_k: int = field(default=16, metadata={"help": "OTCCLIP shortlist size by global cosine"})
     alpha: float = field(default=0.5, metadata={"help": "S = alpha cos - (1 - alpha) D_OT"})
+    rematch: bool = field(
+        default=True,
+        metadata={
+            "help": "[ours] OTCCLIP only: false = no matching epoch, captions are never re-assigned (the OT losses "
+            "and the flag still train); on the web-like testbed re-matching cost accuracy with the flag on "
+            "(docs/otcclip_testbed.md, 'A consensus flag'). RoCLIP-style always re-matches"
+        },
+    )
     rematch_every: int = field(default=2, metadata={"help": "period R of matching epochs (RoCLIP: 2)"})
     rematch_warmup: int = field(default=2, metadata={"help": "W epochs before the first matching epoch"})
     include_own: bool = field(
@@ -150,6 +158,18 @@ class DefenseConfig:
             "help": "[ours] image cosine above which a neighbour is a copy of the pair's own image and does not "
             "count (copies cannot vouch for each other)"
         },
+    )
+    flag_release_epoch: int = field(
+        default=-1,
+        metadata={
+            "help": "[ours] from this epoch on (-1 = never), before every epoch, flagged pairs whose consensus score "
+            "is below the flag_release_quantile of the unflagged pairs' scores are released (they rejoin the "
+            "CLIP and inter-OT terms; as SafeCLIP grows its safe set)"
+        },
+    )
+    flag_release_quantile: float = field(
+        default=0.5,
+        metadata={"help": "[ours] see flag_release_epoch", "gt": 0, "lt": 1},
     )
     flagged_train: str = field(
         default="inmodal",

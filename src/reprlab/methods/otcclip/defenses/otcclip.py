@@ -76,7 +76,7 @@ class OTCCLIP(Defense):
         self._fixed = None
 
     def phase(self, epoch: int) -> str:
-        return "otc_match" if self.is_match_epoch(epoch) else "otc"
+        return "otc_match" if self.cfg.rematch and self.is_match_epoch(epoch) else "otc"
 
     def lr_scale(self, phase: str) -> float:
         return self.cfg.match_lr_scale if phase == "otc_match" else 1.0
@@ -129,14 +129,24 @@ class OTCCLIP(Defense):
         c = self.cfg
         if c.flag == "none":
             return {}
-        if c.flag_start <= epoch <= c.flag_until:
+        flags = c.flag_start <= epoch <= c.flag_until
+        release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
+        stats = {}
+        if flags or release:
             img = embed_images(tr.model, tr.data.images)
             txt = embed_texts(tr.model, tr.ids, tr.mask)
-            new = flag_top(consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos), c.flag_share)
-            tr.state.safe &= ~new.to(tr.state.safe.device)
+            score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
+            if flags:
+                tr.state.safe &= ~flag_top(score, c.flag_share)
+            if release and tr.state.safe.any():
+                bar = torch.quantile(score[tr.state.safe], c.flag_release_quantile)
+                back = ~tr.state.safe & (score < bar)
+                tr.state.safe |= back
+                stats["released"] = int(back.sum())
         flagged = ~tr.state.safe.cpu()
         poison = tr.poison.cpu()
         return {
+            **stats,
             "flagged_share": float(flagged.float().mean()),
             "poison_flagged": float(flagged[poison].float().mean()) if poison.any() else float("nan"),
         }
