@@ -181,3 +181,26 @@ def test_rematch_false_leaves_otcclip_without_matching_epochs_and_roclip_unchang
     ]
     assert {make_defense("otcclip", off).phase(e) for e in range(20)} == {"otc"}
     assert make_defense("roclip", off).phase(2) == make_defense("roclip", on).phase(2) == "roclip_match"
+
+
+def test_a_flag_spreads_to_near_duplicate_images_only():
+    from reprlab.methods.otcclip.defenses.consensus import spread_to_duplicates
+
+    img, txt, kind = _web_like(seed=0)
+    copies = torch.nonzero(kind == 1).flatten()
+    one = torch.zeros(len(img), dtype=torch.bool)
+    one[copies[0]] = True
+    spread = spread_to_duplicates(img, one, 0.98, chunk=50)
+    assert torch.equal(spread, kind == 1)  # every copy, nothing else (clean images are never that close)
+    assert torch.equal(spread_to_duplicates(img, torch.zeros_like(one)), torch.zeros_like(one))
+    tr = _flagged_trainer(flag_start=0, flag_until=0, flag_share=1 / 16, flag_k=2, flag_duplicate_cos=0.98)
+    tr.impl.start_epoch(tr, 0, "otc")
+    single = ~tr.state.safe.cpu()
+    tr2 = _flagged_trainer(
+        flag_start=0, flag_until=0, flag_share=1 / 16, flag_k=2, flag_duplicate_cos=0.98, flag_duplicates=True
+    )
+    tr2.impl.start_epoch(tr2, 0, "otc")
+    # planted images of one class are identical: the flag covers the flagged image's whole class
+    cls = image_class(tr.data)
+    assert int(single.sum()) == 1
+    assert torch.equal(~tr2.state.safe.cpu(), cls == cls[single][0])

@@ -171,6 +171,14 @@ class DefenseConfig:
         default=0.5,
         metadata={"help": "[ours] see flag_release_epoch", "gt": 0, "lt": 1},
     )
+    flag_duplicates: bool = field(
+        default=False,
+        metadata={
+            "help": "[ours] a flag spreads to every pair whose image is a near-duplicate (flag_duplicate_cos) of a "
+            "flagged image: copies of one image share a verdict (a targeted poison repeats one image with many "
+            "captions, and the copies left unflagged keep teaching it)"
+        },
+    )
     flagged_train: str = field(
         default="inmodal",
         metadata={

@@ -62,3 +62,20 @@ def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
     out = torch.zeros(n, dtype=torch.bool, device=scores.device)
     out[order[: int(round(share * n))]] = True
     return out
+
+
+@torch.no_grad()
+def spread_to_duplicates(
+    img: torch.Tensor, flags: torch.Tensor, duplicate_cos: float = 0.98, chunk: int = 1024
+) -> torch.Tensor:
+    """``flags bool (N,)`` plus every pair whose image is a near-duplicate (cosine above ``duplicate_cos``) of a
+    flagged pair's image; ``img (N, d)`` normalised. Copies of one image share a verdict: the consensus score
+    judges an image against its caption's neighbours, so two copies with captions of one content are judged on
+    the same evidence, and a copy left unflagged keeps teaching the association its flagged twin was held from."""
+    out = flags.clone()
+    marked = img[flags]
+    if len(marked) == 0:
+        return out
+    for s in range(0, len(img), chunk):
+        out[s : s + chunk] |= (img[s : s + chunk] @ marked.T > duplicate_cos).any(1)
+    return out

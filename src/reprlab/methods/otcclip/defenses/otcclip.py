@@ -31,7 +31,7 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, flag_top
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, flag_top, spread_to_duplicates
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments, unimodal_loss
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
@@ -137,7 +137,10 @@ class OTCCLIP(Defense):
             txt = embed_texts(tr.model, tr.ids, tr.mask)
             score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
             if flags:
-                tr.state.safe &= ~flag_top(score, c.flag_share)
+                new = flag_top(score, c.flag_share)
+                if c.flag_duplicates:
+                    new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
+                tr.state.safe &= ~new
             if release and tr.state.safe.any():
                 bar = torch.quantile(score[tr.state.safe], c.flag_release_quantile)
                 back = ~tr.state.safe & (score < bar)
