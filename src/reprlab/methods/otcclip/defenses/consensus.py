@@ -22,7 +22,7 @@ def consensus_scores(
     img: torch.Tensor,
     txt: torch.Tensor,
     k: int = 50,
-    duplicate_cos: float = 0.98,
+    duplicate_cos: float = 0.999,
     side: str = "text",
     chunk: int = 1024,
 ) -> torch.Tensor:
@@ -66,7 +66,7 @@ def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
 
 @torch.no_grad()
 def spread_to_duplicates(
-    img: torch.Tensor, flags: torch.Tensor, duplicate_cos: float = 0.98, chunk: int = 1024
+    img: torch.Tensor, flags: torch.Tensor, duplicate_cos: float = 0.999, chunk: int = 1024
 ) -> torch.Tensor:
     """``flags bool (N,)`` plus every pair whose image is a near-duplicate (cosine above ``duplicate_cos``) of a
     flagged pair's image; ``img (N, d)`` normalised. Copies of one image share a verdict: the consensus score
