@@ -61,6 +61,10 @@ def fit(
         final["rematch_clean_kept"] = matches[-1]["rematch_clean_kept"]
     for key in sorted({k for h in history for k in h if k.startswith("data_skipped_")}):
         final[key] = sum(int(h.get(key, 0)) for h in history)  # every epoch's skips, by reason
+    flags = [h for h in history if "poison_flagged" in h]  # OTCCLIP's consensus flag, at the end of training
+    if flags:
+        final["flag_poison_flagged"] = flags[-1]["poison_flagged"]
+        final["flag_share"] = flags[-1]["flagged_share"]
     splits = [h for h in history if "poison_in_risky" in h]
     if splits:
         final["safeclip_poison_in_risky"] = splits[-1]["poison_in_risky"]

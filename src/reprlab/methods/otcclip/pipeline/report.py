@@ -17,7 +17,7 @@ from reprlab.report.headline import Headline
 
 # shares of test items or pairs: Wilson intervals over seeds (reprlab.results.intervals)
 SUMMARY_KINDS = {"*.zeroshot_acc": "proportion", "*.linear_probe_acc": "proportion", "*.asr_*": "proportion",
-                 "*.rematch_*": "proportion", "*.ot_converged_share": "proportion", "*.nn_concept_match": "proportion", "poison_rate": "proportion",
+                 "*.rematch_*": "proportion", "*.flag_*": "proportion", "*.ot_converged_share": "proportion", "*.nn_concept_match": "proportion", "poison_rate": "proportion",
                  "audit.precision*": "proportion", "audit.recall": "proportion"}  # fmt: skip
 HEADLINE = Headline(
     rows=(("none (undefended)", "none"), ("RoCLIP-style", "roclip"), ("SafeCLIP-style", "safeclip"),
@@ -56,6 +56,8 @@ def report_sections(run_dir: Path) -> list[Section]:
         "asr_backdoor",
         "rematch_poison_moved",
         "rematch_clean_kept",
+        "flag_poison_flagged",
+        "flag_share",
     )
     rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
     sections = []
@@ -82,7 +84,8 @@ def report_sections(run_dir: Path) -> list[Section]:
             ),
             "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
             "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
-            "kept on a same-content caption, in the last matching epoch [ours].",
+            "kept on a same-content caption, in the last matching epoch [ours]. Flag columns (OTCCLIP's "
+            "consensus flag [ours]): share of poisoned pairs / of all pairs flagged at the end of training.",
         ]
     )
     if data.get("streamed"):
