@@ -10,11 +10,21 @@ target-class captions are target-class items. The score reads only the model's f
 near-duplicate of image i (cosine above ``duplicate_cos``), so that copies of one image cannot vouch for each other.
 Higher = less supported. The same idea with the roles swapped (captions of the nearest images) is
 ``consensus_scores(..., side="image")``.
+
+OTCCLIP's ``flag='consensus'`` (:func:`update_flags`, :func:`batch_flags`, :func:`flagged_inmodal_loss`): before
+each epoch from ``flag_start`` to ``flag_until`` the least-supported ``flag_share`` of all pairs are flagged (flags
+accumulate in the trainer's checkpointed per-pair ``state.safe``; ``flag_duplicates`` spreads them to copies); from
+``flag_release_epoch`` flagged pairs that score like the accepted ones rejoin; flagged pairs leave the CLIP and
+inter-OT terms and, with ``flagged_train='inmodal'``, train an in-modality InfoNCE on two views of image and caption.
 """
 
 from __future__ import annotations
 
 import torch
+
+from reprlab.methods.otcclip.defenses.losses import unimodal_loss
+from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
+from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
 
 
 @torch.no_grad()
@@ -79,3 +89,63 @@ def spread_to_duplicates(
     for s in range(0, len(img), chunk):
         out[s : s + chunk] |= (img[s : s + chunk] @ marked.T > duplicate_cos).any(1)
     return out
+
+
+@torch.no_grad()
+def update_flags(cfg, tr, epoch: int) -> dict:
+    """OTCCLIP's epoch-start flag update (``cfg``: its ``DefenseConfig``; ``tr``: the trainer view): on flagging
+    epochs add the least-supported ``flag_share`` of all pairs (scored with the epoch-start model, un-augmented) to
+    the flagged set ``~tr.state.safe``; from ``flag_release_epoch`` release flagged pairs scoring below the
+    ``flag_release_quantile`` of the accepted pairs' scores. Logs the flagged share and, as diagnostics only, the
+    share of poisons flagged."""
+    c = cfg
+    if c.flag == "none":
+        return {}
+    flags = c.flag_start <= epoch <= c.flag_until
+    release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
+    stats = {}
+    if flags or release:
+        img = embed_images(tr.model, tr.data.images)
+        txt = embed_texts(tr.model, tr.ids, tr.mask)
+        score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
+        if flags:
+            new = flag_top(score, c.flag_share)
+            if c.flag_duplicates:
+                new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
+            tr.state.safe &= ~new
+        if release and tr.state.safe.any():
+            bar = torch.quantile(score[tr.state.safe], c.flag_release_quantile)
+            back = ~tr.state.safe & (score < bar)
+            tr.state.safe |= back
+            stats["released"] = int(back.sum())
+    flagged = ~tr.state.safe.cpu()
+    poison = tr.poison.cpu()
+    return {
+        **stats,
+        "flagged_share": float(flagged.float().mean()),
+        "poison_flagged": float(flagged[poison].float().mean()) if poison.any() else float("nan"),
+    }
+
+
+def batch_flags(tr, b) -> torch.Tensor | None:
+    """``bool (local,)``: this rank's flagged rows of batch ``b``, or None when no row of the global batch is
+    flagged (the same answer on every rank)."""
+    flagged = ~tr.state.safe[b.loc.to(tr.device)]
+    return flagged if bool(all_gather_nograd(flagged.any()[None]).any()) else None
+
+
+def flagged_inmodal_loss(tr, b, img, own, flagged: torch.Tensor, temperature: float) -> torch.Tensor:
+    """In-modality InfoNCE (SafeCLIP's risky-set loss) over the flagged rows of the global batch: first vs second
+    view of each image and of each own caption. ``img``: the first views' ``ImageFeatures`` (local rows);
+    ``own``: the own captions' first-view ``TextFeatures`` with gradient when the step has them, else None;
+    ``flagged bool (local,)``."""
+    model, gather = tr.model, all_gather_with_grad
+    if own is None:
+        own = model.encode_text(b.ids1, b.mask1)
+    img2, txt2 = model.encode_image(b.view2), model.encode_text(b.ids2, b.mask2)
+    rows = all_gather_nograd(flagged)
+    if rows.sum() < 2:  # InfoNCE needs a negative
+        return img.global_.sum() * 0.0
+    a1, a2 = gather(img.global_)[rows], gather(img2.global_)[rows]
+    t1, t2 = gather(own.global_)[rows], gather(txt2.global_)[rows]
+    return unimodal_loss(a1, a2, temperature) + unimodal_loss(t1, t2, temperature)

@@ -15,11 +15,8 @@ Options against the within-epoch feedback loop of re-matching [ours; docs/otccli
 fixes the assignment for a whole matching epoch from the epoch-start model (these three need the in-memory
 trainer: :func:`~..config.defense.whole_set_options`).
 
-``flag='consensus'`` [ours; docs/otcclip_testbed.md, "A consensus flag"]: before each epoch from ``flag_start`` to
-``flag_until`` every pair is scored by neighbour consensus (:mod:`.consensus`) and the least supported
-``flag_share`` are flagged (flags accumulate, stored as the trainer's per-pair ``state.safe``); flagged pairs leave
-the CLIP and inter-OT terms and, with ``flagged_train='inmodal'``, train an in-modality InfoNCE on two views of their
-image and of their caption instead.
+``flag='consensus'`` [ours]: pairs flagged by neighbour consensus leave the CLIP and inter-OT terms
+(:mod:`.consensus` has the score, the flagging schedule and the flagged pairs' in-modality loss).
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, flag_top, spread_to_duplicates
-from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments, unimodal_loss
+from reprlab.methods.otcclip.defenses.consensus import batch_flags, flagged_inmodal_loss, update_flags
+from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
     otc_rematch,
@@ -40,7 +37,6 @@ from reprlab.methods.otcclip.defenses.matching import (
     rematch_whole_set,
     used_width,
 )
-from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.methods.otcclip.models.features import (
     ImageFeatures,
     TextFeatures,
@@ -114,45 +110,12 @@ class OTCCLIP(Defense):
         self._fixed = None
         if not tr.in_memory and (opts := whole_set_options(self.cfg)):
             raise ConfigError(f"{', '.join(opts)} needs the in-memory trainer (a stream indexes one window)")
-        stats = self.flag_pairs(tr, epoch)
+        stats = update_flags(self.cfg, tr, epoch)
         if phase != "otc_match" or self.cfg.match_schedule != "epoch_start":
             return stats
         self._fixed = rematch_whole_set(tr.model, tr.data.images, tr.ids, tr.mask, self.cfg, tr.device)
         own_kept = (self._fixed["index"] == torch.arange(len(tr.ids), device=tr.device)).float().mean()
         return {**stats, "epoch_start_own_kept": float(own_kept)}
-
-    @torch.no_grad()
-    def flag_pairs(self, tr, epoch: int) -> dict:
-        """``flag='consensus'``: on flagging epochs, add the least-supported ``flag_share`` of all pairs (scored with
-        the epoch-start model, un-augmented) to the flagged set ``~tr.state.safe``; logs the flagged share and, as
-        diagnostics only, the share of poisons flagged."""
-        c = self.cfg
-        if c.flag == "none":
-            return {}
-        flags = c.flag_start <= epoch <= c.flag_until
-        release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
-        stats = {}
-        if flags or release:
-            img = embed_images(tr.model, tr.data.images)
-            txt = embed_texts(tr.model, tr.ids, tr.mask)
-            score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
-            if flags:
-                new = flag_top(score, c.flag_share)
-                if c.flag_duplicates:
-                    new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
-                tr.state.safe &= ~new
-            if release and tr.state.safe.any():
-                bar = torch.quantile(score[tr.state.safe], c.flag_release_quantile)
-                back = ~tr.state.safe & (score < bar)
-                tr.state.safe |= back
-                stats["released"] = int(back.sum())
-        flagged = ~tr.state.safe.cpu()
-        poison = tr.poison.cpu()
-        return {
-            **stats,
-            "flagged_share": float(flagged.float().mean()),
-            "poison_flagged": float(flagged[poison].float().mean()) if poison.any() else float("nan"),
-        }
 
     def assign_fixed(self, tr, b: Batch) -> tuple[Assignment, TextFeatures]:
         """The epoch-start assignment of this rank's pairs (``match_schedule='epoch_start'``)."""
@@ -402,16 +365,12 @@ class OTCCLIP(Defense):
         ):  # [ours] re-assigned = another pair's caption
             moved = all_gather_nograd(self._assigned_loc) != b.idx.to(tr.device)
             row_w = torch.where(moved, c.reassigned_weight, 1.0).to(img.global_.dtype)
-        flagged = None
-        if c.flag != "none":
-            flagged = ~tr.state.safe[b.loc.to(tr.device)]
-            if bool(all_gather_nograd(flagged.any()[None]).any()):
-                keep = ~flagged if keep is None else keep & ~flagged
-            else:
-                flagged = None
+        flagged = batch_flags(tr, b) if c.flag != "none" else None
+        if flagged is not None:
+            keep = ~flagged if keep is None else keep & ~flagged
         terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep, neg, row_w)
         if flagged is not None and c.flagged_train == "inmodal":
-            terms["inmodal"] = self.inmodal(tr, b, img, own, flagged)
+            terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + c.lambda_inter * terms["ot_inter"]
@@ -422,22 +381,6 @@ class OTCCLIP(Defense):
         if "ot_marginal_error" in terms:
             self._note_loss_ot(tr, b, float(terms["ot_marginal_error"]))
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
-
-    def inmodal(self, tr, b: Batch, img: ImageFeatures, own: TextFeatures | None, flagged: torch.Tensor):
-        """In-modality InfoNCE (SafeCLIP's risky-set loss) over the flagged rows of the global batch: first vs second
-        view of each image and of each own caption. ``flagged bool (local,)``; ``own``: the own captions'
-        first-view features with gradient when the step has them."""
-        model, gather, tau = tr.model, all_gather_with_grad, self.cfg.unimodal_temperature
-        if own is None:
-            own = model.encode_text(b.ids1, b.mask1)
-        img2, txt2 = model.encode_image(b.view2), model.encode_text(b.ids2, b.mask2)
-        rows = all_gather_nograd(flagged)
-        zero = img.global_.sum() * 0.0
-        if rows.sum() < 2:  # InfoNCE needs a negative
-            return zero
-        a1, a2 = gather(img.global_)[rows], gather(img2.global_)[rows]
-        t1, t2 = gather(own.global_)[rows], gather(txt2.global_)[rows]
-        return unimodal_loss(a1, a2, tau) + unimodal_loss(t1, t2, tau)
 
     def _note_loss_ot(self, tr, b: Batch, err: float) -> None:
         """Track the epoch's largest loss-OT marginal error; warn once, at the epoch's last step, when it is
