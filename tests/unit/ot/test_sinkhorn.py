@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reprlab.ot import kernel, sinkhorn
@@ -34,12 +34,14 @@ shapes = st.tuples(st.integers(1, 3), st.integers(1, 7), st.integers(1, 7), st.i
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shapes, st.sampled_from([0.1, 0.3, 1.0]))
+@example(shape=(2, 2, 4, 10_000), eps=0.1)  # found by hypothesis: 400 iterations left an L1 error of 3.5e-6
 def test_marginals_match_weights_at_convergence(solver_path, shape, eps):
     batch, n, m, seed = shape
     C, a, b = _problem(batch, n, m, seed)
-    r = sinkhorn(C, a, b, eps, n_iters=400)
+    # Run to convergence, not a fixed count: at eps 0.1 with cost range 1 the contraction factor can be close to 1
+    # (the example above needs ~1,000 iterations), so each problem stops at its first check below 1e-10 (float64).
+    r = sinkhorn(C, a, b, eps, n_iters=50_000, tol=1e-10)
     a_n, b_n = a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True)
-    # 400 iterations at eps >= 0.1 with cost range 1 contract the marginal error far below 1e-8 (float64).
     torch.testing.assert_close(r.plan.sum(2), a_n, atol=1e-8, rtol=0)
     torch.testing.assert_close(r.plan.sum(1), b_n, atol=1e-8, rtol=0)
     assert bool((r.marginal_error < 1e-8).all()) and bool(r.converged.all())
