@@ -276,6 +276,7 @@ class PromptSplits:
     eval_overlap_dropped: int = 0
     harmful_val: list[str] = field(default_factory=list)
     harmless_val: list[str] = field(default_factory=list)
+    borderline_train: list[str] = field(default_factory=list)
 
 
 def _take(pool: list[str], n: int, what: str, source: str = "") -> list[str]:
@@ -288,7 +289,7 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
                 n_harmless_eval: int, n_xstest: int, harmless_source: str = "ours",
                 dna_files: tuple[str, ...] = DNA_HARMFUL_FILES, user_jsonl: str = "",
                 eval_jsonl: str = "", eval_source: str = "split", n_harmful_val: int = 0,
-                n_harmless_val: int = 0) -> PromptSplits:  # fmt: skip
+                n_harmless_val: int = 0, n_borderline_train: int = 0) -> PromptSplits:  # fmt: skip
     """Split by prompt. Held-out harmful prompts are HarmBench behaviours (the ASR definition's set);
     training harmful prompts are the other HarmBench behaviours plus Do-Not-Answer [ours].
 
@@ -309,6 +310,10 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     reported as results) come from the training source: the prompts right after the training ones in the same
     seeded order, so they are disjoint from training and evaluation, and with both counts 0 every other list is
     exactly what it was without them [ours].
+
+    Borderline training prompts (``n_borderline_train``) are XSTest-style prompts after the ``n_xstest``
+    evaluated ones in the same seeded order, so the over-refusal set is exactly what it is without them and never
+    overlaps them [ours].
     """
     if eval_source not in EVAL_SOURCES:
         raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {eval_source!r}")
@@ -366,7 +371,8 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     h_val = _take(h_train[n_harmful_train:], n_harmful_val, "harmful validation", src)
     xs = xstest_prompts()
     rng.shuffle(xs)
+    borderline = _take(xs[n_xstest:], n_borderline_train, "XSTest-style borderline training")
     return PromptSplits(_take(h_train, n_harmful_train, "harmful train", src), h_eval, s_train, s_eval,
                         _take(xs, n_xstest, "XSTest-style"), responses,
                         eval_source=ev.path if ev else "held-out split", eval_overlap_dropped=dropped,
-                        harmful_val=h_val, harmless_val=s_val)  # fmt: skip
+                        harmful_val=h_val, harmless_val=s_val, borderline_train=borderline)  # fmt: skip

@@ -91,6 +91,15 @@ class DataCfg:
             "from the training source after the training prompts; never reported as results. 0 = no validation"
         ),
     )
+    n_borderline_train: int = field(
+        default=0,
+        metadata=_h(
+            "[ours, after the reference data: circuit breakers' retain set holds XSTest compliance, CRL's safe set "
+            "WildGuardMix's benign prompts] XSTest-style prompts that look harmful but are safe, with the base "
+            "model's replies judged compliant, added to the defences' benign and retain sets (not stage 0's); drawn "
+            "after the n_xstest evaluated ones, so never evaluated. 0 = none"
+        ),
+    )
     harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
     eval_jsonl: str = field(
@@ -341,7 +350,7 @@ def _splits(cfg: Config):
     return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
                        d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl,
                        eval_source=d.eval_source, n_harmful_val=d.n_harmful_val,
-                       n_harmless_val=d.n_harmless_val)  # fmt: skip
+                       n_harmless_val=d.n_harmless_val, n_borderline_train=d.n_borderline_train)  # fmt: skip
 
 
 def _validation_callback(peft, vsteps: set[int], snaps, do_validate, device, log, kind: str):
@@ -454,6 +463,10 @@ def _run(cfg: Config, run) -> dict:
                 if d.completion_model
                 else _base_replies(ref, tok, fmt, sp.harmful_val, d.response_tokens)
             )
+        if (
+            sp.borderline_train
+        ):  # a call of its own, so the other lists' batches are what they were without it
+            out["borderline_train"] = _base_replies(ref, tok, fmt, sp.borderline_train, d.response_tokens)
         for k in ("harmful_train", "harmful_eval") + (("harmful_val",) if sp.harmful_val else ()):
             out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]  # user's win
         out["splits"] = {
@@ -463,6 +476,7 @@ def _run(cfg: Config, run) -> dict:
         for k in (
             "harmful_val",
             "harmless_val",
+            "borderline_train",
         ):  # only when asked for: earlier run folders stay as they were
             if getattr(sp, k):
                 out["splits"][k] = getattr(sp, k)
@@ -473,6 +487,9 @@ def _run(cfg: Config, run) -> dict:
     if sp.harmful_val and "harmful_val" not in g:
         raise ConfigError(f"{run.dir}: this run folder was started without validation prompts; resume it without "
                           "data.n_harmful_val / data.n_harmless_val or start a new run")  # fmt: skip
+    if sp.borderline_train and "borderline_train" not in g:
+        raise ConfigError(f"{run.dir}: this run folder was started without borderline prompts; resume it without "
+                          "data.n_borderline_train or start a new run")  # fmt: skip
 
     def pair(p, r, end):
         return fmt.prompt_ids(p), fmt.response_ids(p, r, end_turn=end, max_tokens=d.response_tokens)
@@ -505,7 +522,17 @@ def _run(cfg: Config, run) -> dict:
     log(f"harmful training completions judged compliant: {len(compliant)} of {len(labels)}")
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
-    benign_crl = benign + refusals if cfg.defense.crl.benign_includes_refusals else benign
+    # the defences' benign set: stage 0's plus the borderline prompts the base answered (a refused or degenerate
+    # base reply would teach the defence to keep refusing, the opposite of what they are for)
+    benign_def = benign
+    if sp.borderline_train:
+        with section("judge borderline replies"):
+            b_labels = judge(sp.borderline_train, g["borderline_train"], harmful=False)
+        benign_def = benign + [pair(p, r, False) for p, r, lab in zip(sp.borderline_train, g["borderline_train"],
+                                                                      b_labels) if lab == "comply"]  # fmt: skip
+        log(f"borderline training prompts with a compliant base reply: {len(benign_def) - len(benign)} of "
+            f"{len(b_labels)}")  # fmt: skip
+    benign_crl = benign_def + refusals if cfg.defense.crl.benign_includes_refusals else benign_def
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
                   [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
@@ -606,7 +633,7 @@ def _run(cfg: Config, run) -> dict:
                 )
                 harm = compliant
                 ben = (
-                    (benign + refusals if cfg.defense.rr.retain_refusals else benign)
+                    (benign_def + refusals if cfg.defense.rr.retain_refusals else benign_def)
                     if kind == "rr"
                     else benign_crl
                 )
@@ -627,7 +654,7 @@ def _run(cfg: Config, run) -> dict:
                     callback = _validation_callback(peft, set(vsteps), snaps, do_validate, device, log, kind)
                 with section(f"train {kind}"):
                     info = _fit(sharded, peft, kind, cfg.defense, harm, ben, pad, run, step_offset=offset,
-                                seed=cfg.seed, center=center, retain=benign, store=store,
+                                seed=cfg.seed, center=center, retain=benign_def, store=store,
                                 callback=callback)  # fmt: skip
                 if validating:
                     sel = _select(cfg, kind, peft, snaps, vsteps, val_ref, log)
@@ -659,6 +686,8 @@ def _run(cfg: Config, run) -> dict:
     summary["harmful_eval_sure_targets"] = n_sure
     summary["eval_source"] = sp.eval_source
     summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
+    if sp.borderline_train:
+        summary["borderline_train_used"] = len(benign_def) - len(benign)
     summary["model"] = cfg.model
     summary["variant"] = cfg.variant
     summary["seconds"] = round(time.time() - t_start, 1)

@@ -1,0 +1,67 @@
+"""Borderline (XSTest-style) training prompts in the defences' benign sets (``data.n_borderline_train``)."""
+
+import pytest
+
+from reprlab.config import load_config
+from reprlab.errors import DataError
+from reprlab.methods.crl_safety import recipe as R
+from reprlab.methods.crl_safety.data import make_splits, xstest_prompts
+from reprlab.runs import Run
+
+from .test_recipe import TINY, compliant_jsonl
+
+
+def test_borderline_prompts_are_never_evaluated_and_leave_the_other_splits_unchanged():
+    n = (20, 8, 20, 8, 12)
+    off = make_splits(0, *n)
+    on = make_splits(0, *n, n_borderline_train=16)
+    for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest"):
+        assert getattr(on, k) == getattr(off, k), k
+    assert off.borderline_train == []
+    assert len(set(on.borderline_train)) == 16
+    assert not set(on.borderline_train) & set(on.xstest)
+    assert set(on.borderline_train) <= set(xstest_prompts())
+    with pytest.raises(DataError, match="borderline"):
+        make_splits(0, *n, n_borderline_train=len(xstest_prompts()) - 11)
+
+
+def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch):
+    t = {**TINY, "models": ["refusal", "rr", "crl"],
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_borderline_train": 3}}  # fmt: skip
+    cfg = load_config(R.Config, t)
+    sp = R._splits(cfg)
+    refused = sp.borderline_train[0]
+    real = R.make_judge
+
+    def judge_factory(*a, **kw):
+        j = real(*a, **kw)
+
+        def judge(prompts, responses, harmful=True):
+            # the random tiny model's replies are degenerate: script the borderline verdicts, keep the rest real
+            if prompts == sp.borderline_train:
+                return ["refuse" if p == refused else "comply" for p in prompts]
+            return j(prompts, responses, harmful=harmful)
+
+        return judge
+
+    seen = {}
+    real_fit = R._fit
+
+    def fit(sharded, peft, kind, cfg_, harm, ben, *a, **kw):
+        seen[kind] = (ben, kw.get("retain"))
+        return real_fit(sharded, peft, kind, cfg_, harm, ben, *a, **kw)
+
+    monkeypatch.setattr(R, "make_judge", judge_factory)
+    monkeypatch.setattr(R, "_fit", fit)
+    summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
+    assert summary["borderline_train_used"] == 2
+    tok = R.load_model(cfg, "cpu")[1]
+    fmt = R.ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
+    ids = {p: tuple(fmt.prompt_ids(p)) for p in sp.borderline_train}
+    prompts_of = lambda pairs: {tuple(p) for p, _ in pairs}  # noqa: E731
+    kept = {ids[p] for p in sp.borderline_train[1:]}
+    assert not prompts_of(seen["sft"][0]) & set(ids.values())  # stage 0 trains without them
+    for kind in ("rr", "crl"):
+        ben, retain = seen[kind]
+        assert kept <= prompts_of(ben) and ids[refused] not in prompts_of(ben), kind
+        assert kept <= prompts_of(retain) and ids[refused] not in prompts_of(retain), kind
