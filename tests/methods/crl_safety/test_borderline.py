@@ -65,3 +65,20 @@ def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp
         ben, retain = seen[kind]
         assert kept <= prompts_of(ben) and ids[refused] not in prompts_of(ben), kind
         assert kept <= prompts_of(retain) and ids[refused] not in prompts_of(retain), kind
+
+
+def test_a_folder_started_without_borderline_prompts_refuses_to_resume_with_them(tmp_path):
+    from reprlab.errors import ConfigError, RunFolderError
+
+    t = {**TINY, "models": ["base"], "capability": {"mc": False},
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)}}  # fmt: skip
+    out = tmp_path / "run"
+    cfg = load_config(R.Config, t)
+    R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
+    with_b = load_config(R.Config, {**t, "data": {**t["data"], "n_borderline_train": 2}})
+    with pytest.raises(RunFolderError, match="n_borderline_train"):  # the folder's config.yaml differs
+        Run.create(out, with_b, "crl-tiny", resume=True, quiet=True)
+    # a caller that skips that check (the library's run() on a reopened folder) meets the recipe's own
+    run = Run.create(out, cfg, "crl-tiny", resume=True, quiet=True)
+    with pytest.raises(ConfigError, match="without borderline prompts"):
+        R.run(with_b, run)
