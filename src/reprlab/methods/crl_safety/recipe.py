@@ -463,9 +463,8 @@ def _run(cfg: Config, run) -> dict:
                 if d.completion_model
                 else _base_replies(ref, tok, fmt, sp.harmful_val, d.response_tokens)
             )
-        if (
-            sp.borderline_train
-        ):  # a call of its own, so the other lists' batches are what they were without it
+        # a call of its own, so the other lists' generation batches are what they were without it
+        if sp.borderline_train:
             out["borderline_train"] = _base_replies(ref, tok, fmt, sp.borderline_train, d.response_tokens)
         for k in ("harmful_train", "harmful_eval") + (("harmful_val",) if sp.harmful_val else ()):
             out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]  # user's win
