@@ -84,13 +84,25 @@ def donotanswer_prompts(files: tuple[str, ...] = DNA_HARMFUL_FILES) -> list[str]
     return out
 
 
+HARMLESS_SOURCES = ("ours", "ours_matched", "ollama_forge")
+
+
 def harmless_prompts(source: str = "ours") -> list[str]:
-    """Harmless instructions: ``ours`` (MIT) or ``ollama_forge`` (CC BY-NC 4.0)."""
+    """Harmless instructions: ``ours`` (71 questions, MIT), ``ours_matched`` (those plus 100 task instructions,
+    MIT) or ``ollama_forge`` (CC BY-NC 4.0).
+
+    ``ours_matched`` [ours] adds hand-written requests in the forms the harmful training prompts take ("Write a
+    persuasive article about ...", "Give detailed step-by-step instructions for ...", "Generate ...", "Create a
+    list of ..."), so the harmful and harmless sets differ in what is asked, not in how it is asked; with
+    questions only, a defence can separate them by sentence form and then refuses harmless task requests.
+    """
     if source == "ours":
         return _read_lines(DATA_DIR / "harmless_ours.txt")
+    if source == "ours_matched":
+        return _read_lines(DATA_DIR / "harmless_ours.txt") + _read_lines(DATA_DIR / "harmless_tasks_ours.txt")
     if source == "ollama_forge":
         return _read_lines(_package_dir("ollama_forge") / "data" / "abliterate_harmless_default.txt")
-    raise ConfigError(f"data.harmless_source must be 'ours' or 'ollama_forge', got {source!r}")
+    raise ConfigError(f"data.harmless_source must be one of {HARMLESS_SOURCES}, got {source!r}")
 
 
 def xstest_prompts() -> list[str]:

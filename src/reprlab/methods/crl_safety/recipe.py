@@ -100,7 +100,13 @@ class DataCfg:
             "after the n_xstest evaluated ones, so never evaluated. 0 = none"
         ),
     )
-    harmless_source: str = field(default="ours", metadata=_h("'ours' (MIT) or 'ollama_forge' (CC BY-NC 4.0)"))
+    harmless_source: str = field(
+        default="ours",
+        metadata=_h(
+            "'ours' (MIT), 'ours_matched' (ours + task requests in the harmful prompts' forms, MIT) or "
+            "'ollama_forge' (CC BY-NC 4.0)"
+        ),
+    )
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
     eval_jsonl: str = field(
         default="",
