@@ -95,6 +95,27 @@ def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):
     assert (sweep / "report.html").is_file()
 
 
+def test_aggregate_judges_each_seed_by_the_claims_as_declared_now(sweep, tmp_path):
+    # a folder written under an older wording of a claim stores that wording's verdict; the aggregate's "holds on
+    # seeds" must judge the claim it prints, so it re-evaluates each seed from the seed's own metrics
+    import shutil
+
+    folders = []
+    for s in (0, 1, 2):
+        d = tmp_path / f"seed-{s}"
+        shutil.copytree(sweep / f"seed-{s}", d)
+        summary = _read(d / "summary.json")
+        summary["claims.learns"] = 1 - summary["claims.learns"]  # a stale verdict
+        (d / "summary.json").write_text(json.dumps(summary))
+        folders.append(d)
+    aggregate_folders(folders, tmp_path / "agg")
+    agg = _read(tmp_path / "agg" / "summary.json")
+    accs = [_read(sweep / f"seed-{s}" / "summary.json")["test_acc"] for s in (0, 1, 2)]
+    assert agg["claims.learns"] == pytest.approx(np.mean([a >= 0.85 for a in accs]))
+    held = _read(tmp_path / "agg" / "claims.json")["claims"][0]["holds on seeds"]["mean"]
+    assert held == pytest.approx(np.mean([a >= 0.85 for a in accs]))
+
+
 def test_aggregate_refuses_other_settings_naming_the_difference(sweep, tmp_path):
     from reprlab.runner import execute
 

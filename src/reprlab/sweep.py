@@ -9,6 +9,7 @@ with ``--resume``, then writes ``DIR/summary.json`` (mean, sd, 95 % t interval a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -244,10 +245,26 @@ def write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim],
         return _write_aggregate(out, runs, claims, failed)
 
 
+def _with_claims(run: SeedRun, claims: Sequence[Claim]) -> SeedRun:
+    """``run`` with its ``claims.<name>`` keys re-evaluated from its own metrics against ``claims``.
+
+    A run folder stores the verdicts of the claims its recipe declared when it ran; a claim declared or reworded
+    since would otherwise be reported on the mean as now stated and "on seeds" as then stated. Without ``claims``
+    (the recipe is not installed here) the stored verdicts stay.
+    """
+    if not claims:
+        return run
+    metrics = {k: v for k, v in run.summary.items() if not k.startswith("claims.")}
+    return dataclasses.replace(
+        run, summary={**metrics, **claim_summary_keys(evaluate_claims(claims, metrics))}
+    )
+
+
 def _write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim],
                      failed: dict[int, str] | None) -> Path:  # fmt: skip
     from reprlab.report.sweep import build_sweep_report
 
+    runs = [_with_claims(r, claims) for r in runs]
     flat, detail = aggregate_summaries(runs, _summary_kinds(runs[0].recipe))
     on_mean = evaluate_claims(claims, {k: v for k, v in flat.items() if not k.startswith("claims.")})
     seed_share = {c.name: detail[f"claims.{c.name}"] for c in claims if f"claims.{c.name}" in detail}
