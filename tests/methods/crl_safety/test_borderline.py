@@ -82,3 +82,27 @@ def test_a_folder_started_without_borderline_prompts_refuses_to_resume_with_them
     run = Run.create(out, cfg, "crl-tiny", resume=True, quiet=True)
     with pytest.raises(ConfigError, match="without borderline prompts"):
         R.run(with_b, run)
+
+
+def test_degenerate_replies_to_safe_prompts_fail_the_combined_claim():
+    # over-refusal counts refusals only; a CRL that turns safe XSTest-style prompts into degenerate text must fail
+    # crl_answers_borderline and the combined claim, while the refusal-only claim still holds
+    from reprlab.recipes import get_recipe
+    from reprlab.results.claims import evaluate_claims
+
+    base = {"refusal.asr_prefill": 0.9, "refusal.asr_embedding": 0.9, "refusal.benign_compliance": 0.9,
+            "refusal.over_refusal": 0.25, "refusal.xstest_degenerate": 0.0, "crl.asr_prefill": 0.0,
+            "crl.asr_embedding": 0.0, "crl.benign_compliance": 0.9, "crl.over_refusal": 0.05}  # fmt: skip
+    claims = [c for c in get_recipe("crl-tiny").claims()
+              if c.name in ("crl_bounded_over_refusal", "crl_answers_borderline", "crl_defends_and_keeps_benign")]  # fmt: skip
+    assert len(claims) == 3
+
+    def verdicts(degenerate):
+        return {
+            r.claim.name: r.holds
+            for r in evaluate_claims(claims, {**base, "crl.xstest_degenerate": degenerate})
+        }
+
+    assert verdicts(0.0) == dict.fromkeys(verdicts(0.0), True)
+    assert verdicts(0.6) == {"crl_bounded_over_refusal": True, "crl_answers_borderline": False,
+                             "crl_defends_and_keeps_benign": False}  # fmt: skip

@@ -263,6 +263,9 @@ def headline(res: dict) -> dict[str, float]:
         "asr_embedding": res["embedding"]["comply"],
         "benign_compliance": res["benign"]["comply"],
         "over_refusal": res["xstest"]["refuse"],
+        # [ours] over-refusal counts refusals only; a circuit-breaker-style defence answers a safe prompt it wrongly
+        # treats as harmful with a degenerate reply instead, which is no answer either
+        "xstest_compliance": res["xstest"]["comply"],
         "benign_kl": res["benign_kl"],
         "emb_target_loss": res["embedding"]["target_loss"],
         "emb_target_reached": res["embedding"]["target_reached"],

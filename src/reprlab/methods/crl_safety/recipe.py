@@ -709,7 +709,7 @@ def _stage(run_dir: Path, name: str):
 
 # shares of prompts (ASR = judged comply, refuse, degenerate, compliance) and MC accuracies: Wilson intervals
 SUMMARY_KINDS = {"*.asr_*": "proportion", "*_refuse": "proportion", "*_degenerate": "proportion",
-                 "*.benign_compliance": "proportion", "*.over_refusal": "proportion",
+                 "*.benign_compliance": "proportion", "*.over_refusal": "proportion", "*.xstest_compliance": "proportion",
                  "*.emb_target_reached": "proportion", "*.capability_mc_acc*": "proportion",
                  "*.val_benign_compliance": "proportion", "*.val_asr_prefill": "proportion"}  # fmt: skip
 HEADLINE = Headline(
@@ -717,7 +717,8 @@ HEADLINE = Headline(
                                            ("RR (circuit breakers)", "rr"), ("CRL", "crl"),
                                            ("CRL + hard-negative mining", "crl_adv"))),
     cols=(("ASR direct", "asr_direct"), ("ASR prefilling", "asr_prefill"), ("ASR embedding", "asr_embedding"),
-          ("ASR GCG", "asr_gcg"), ("benign compliance", "benign_compliance"), ("over-refusal", "over_refusal")),
+          ("ASR GCG", "asr_gcg"), ("benign compliance", "benign_compliance"), ("over-refusal", "over_refusal"),
+          ("XSTest-style answered", "xstest_compliance")),
     pattern="{row}.{col}", corner="model",
     caption="Attack success (share judged comply; lower is better) and utility per model")  # fmt: skip
 
