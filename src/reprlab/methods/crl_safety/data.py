@@ -88,13 +88,14 @@ HARMLESS_SOURCES = ("ours", "ours_matched", "ollama_forge")
 
 
 def harmless_prompts(source: str = "ours") -> list[str]:
-    """Harmless instructions: ``ours`` (71 questions, MIT), ``ours_matched`` (those plus 100 task instructions,
-    MIT) or ``ollama_forge`` (CC BY-NC 4.0).
+    """Harmless instructions: ``ours`` (70 prompts, 39 of them questions, MIT), ``ours_matched`` (those plus 100
+    task requests, MIT) or ``ollama_forge`` (CC BY-NC 4.0).
 
     ``ours_matched`` [ours] adds hand-written requests in the forms the harmful training prompts take ("Write a
     persuasive article about ...", "Give detailed step-by-step instructions for ...", "Generate ...", "Create a
     list of ..."), so the harmful and harmless sets differ in what is asked, not in how it is asked; with
-    questions only, a defence can separate them by sentence form and then refuses harmless task requests.
+    mostly questions, a defence could separate them by sentence form. Measured, it did not fix cross-source benign
+    compliance (docs/crl_safety.md, "Borderline prompts and the benign set's composition").
     """
     if source == "ours":
         return _read_lines(DATA_DIR / "harmless_ours.txt")
