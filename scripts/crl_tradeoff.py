@@ -1,4 +1,5 @@
-"""CRL's trade-off across settings: ASR against benign compliance and over-refusal, one line per model.
+"""CRL's trade-off across settings: ASR against benign compliance, over-refusal and XSTest-style answers, one line
+per model.
 
 Each ``--point LABEL=DIR`` is one setting of a strength sweep (e.g. ``defense.optim.steps=8``) and names a run
 folder, a sweep folder (``aggregate.json``) or a folder of seed runs (``DIR/seed-<s>/summary.json``). Every model of
@@ -18,8 +19,12 @@ from reprlab.errors import ReprlabError
 from reprlab.methods.crl_safety import tradeoff
 from reprlab.report.figures import pyplot
 
+HEAD = {"xstest_compliance": "XSTest answered"}
 
-def _cell(v: tradeoff.Value) -> str:
+
+def _cell(v: tradeoff.Value | None) -> str:
+    if v is None:  # a run folder from before the key, without the shares to derive it
+        return "–"
     return f"{v.mean:.2f}" if v.lo is None else f"{v.mean:.2f} [{v.lo:.2f}, {v.hi:.2f}]"
 
 
@@ -45,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = tradeoff.Y_KEYS + tradeoff.X_KEYS
-    print("| model | setting | seeds | " + " | ".join(k.replace("_", " ") for k in keys) + " |")
+    print("| model | setting | seeds | " + " | ".join(HEAD.get(k, k.replace("_", " ")) for k in keys) + " |")
     print("|---|---|---|" + "---|" * len(keys))
     for p in sorted(pts, key=lambda p: models.index(p.model)):
-        cells = " | ".join(_cell(p.values[k]) for k in keys)
+        cells = " | ".join(_cell(p.values.get(k)) for k in keys)
         print(f"| {tradeoff.LABELS[p.model]} | {p.setting} | {p.n_seeds} | {cells} |")
     if a.figure:
         tradeoff.figure(pts, pyplot(), a.title).savefig(a.figure, dpi=110, bbox_inches="tight")

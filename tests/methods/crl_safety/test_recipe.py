@@ -146,6 +146,7 @@ def test_report_has_the_tradeoff_plot_of_every_model(finished, tmp_path):
     points = sec.children[0].table
     assert [r["model"] for r in points] == ["base", "refusal", "rr", "crl", "crl_adv"]
     assert points[3]["benign_compliance"] == summary["crl.benign_compliance"]
+    assert points[3]["xstest_compliance"] == summary["crl.xstest_compliance"]
     seeds = []
     for s in range(2):  # two identical seeds, as the runner writes them: the same means, zero-width intervals
         (tmp_path / f"seed-{s}").mkdir()

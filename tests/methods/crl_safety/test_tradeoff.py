@@ -77,6 +77,39 @@ def test_strength_sweep_script_table_and_figure(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("| CRL |")]
     assert [r.split("|")[2].strip() for r in rows] == ["8", "32"]
     assert rows[0].split("|")[4].strip().startswith("0.80") and fig.stat().st_size > 0
+    assert (
+        rows[0].split("|")[8].strip() == "–"
+    )  # no degenerate share in these summaries: no answers column value
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "crl_tradeoff.py"), "--point", f"x={tmp_path}/nope"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_xstest_answers_stored_or_derived_from_the_refuse_and_degenerate_shares():
+    """A model that turns safe prompts into degenerate text has low over-refusal and few answers: the third column
+    shows it. Summaries from before the key give it as 1 - refused - degenerate (the claims' identity)."""
+    old = _summary(refusal=(0.9, 1.0, 0.9, 0.25), crl=(0.0, 0.0, 0.9, 0.05))
+    old.update({"refusal.xstest_degenerate": 0.0, "crl.xstest_degenerate": 0.70})
+    new = {**old, "crl.xstest_compliance": 0.30, "refusal.xstest_compliance": 0.75}
+    for s in (old, new):
+        ref, crl = tradeoff.points_from_summaries([s])
+        assert crl.values["xstest_compliance"].mean == pytest.approx(0.25 if s is old else 0.30)
+        assert ref.values["xstest_compliance"].mean == pytest.approx(0.75)
+    # without the degenerate share the column is absent, the point is not
+    (p,) = tradeoff.points_from_summaries([_summary(crl=(0.0, 0.0, 0.9, 0.05))])
+    assert "xstest_compliance" not in p.values and p.values["over_refusal"].mean == 0.05
+
+
+def test_figure_has_a_third_column_only_with_answers(tmp_path):
+    from reprlab.report.figures import pyplot
+
+    s = _summary(refusal=(0.9, 1.0, 0.9, 0.25), crl=(0.0, 0.0, 0.9, 0.05))
+    plt = pyplot()
+    fig = tradeoff.figure(tradeoff.points_from_summaries([s]), plt)
+    assert len(fig.axes) == 4
+    s.update({"refusal.xstest_degenerate": 0.0, "crl.xstest_degenerate": 0.70})
+    fig = tradeoff.figure(tradeoff.points_from_summaries([s]), plt)
+    assert len(fig.axes) == 6 and fig.axes[2].get_xlabel() == "XSTest-style answered"
+    rows = tradeoff.table(tradeoff.points_from_summaries([s]))
+    assert rows[1]["xstest_compliance"] == pytest.approx(0.25)
+    plt.close("all")

@@ -1,13 +1,14 @@
 """Where each model sits between stopping attacks and keeping benign behaviour: the trade-off plot.
 
 A point is one model (stage 0, RR, CRL, CRL + mining; the base as the undefended end) at one setting: its
-prefilling and embedding-attack ASR against its benign compliance and its over-refusal (XSTest-style safe
-prompts refused). One run gives one point per model; a seed sweep gives the mean with a Wilson interval over seeds
+prefilling and embedding-attack ASR against its benign compliance, its over-refusal (XSTest-style safe prompts
+refused) and the XSTest-style safe prompts it answers (neither refused nor degenerate: a model that turns safe
+prompts into degenerate text keeps over-refusal low and still fails them). One run gives one point per model; a seed sweep gives the mean with a Wilson interval over seeds
 (the aggregate's intervals for proportions); several settings of a defence (a strength sweep: steps, loss weight)
 become one line per model through its settings, labelled by setting (``scripts/crl_tradeoff.py``).
 
 The shaded box of each panel is the target region of the recipe's claims [ours]: ASR at most 0.1, and benign
-compliance at least stage 0's minus 0.05 (or over-refusal at most stage 0's plus 0.05).
+compliance and XSTest-style answers at least stage 0's minus 0.05 (over-refusal at most stage 0's plus 0.05).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from reprlab.runs.atomic import read_json
 
 MODELS = ("base", "refusal", "rr", "crl", "crl_adv")
 LABELS = {"base": "base", "refusal": "stage 0", "rr": "RR", "crl": "CRL", "crl_adv": "CRL + mining"}
-X_KEYS = ("benign_compliance", "over_refusal")
+X_KEYS = ("benign_compliance", "over_refusal", "xstest_compliance")
+OPTIONAL = ("xstest_compliance",)  # run folders from before the key have no such column
 Y_KEYS = ("asr_prefill", "asr_embedding")
 ASR_TARGET, TOLERANCE = 0.1, 0.05  # the thresholds of the recipe's claims [ours]
 
@@ -38,7 +40,8 @@ class Value:
 
 @dataclass(frozen=True)
 class Point:
-    """One model at one setting: ``values[key]`` for the keys of :data:`X_KEYS` and :data:`Y_KEYS`."""
+    """One model at one setting: ``values[key]`` for the keys of :data:`X_KEYS` and :data:`Y_KEYS` (an
+    :data:`OPTIONAL` key is absent when some summary can give it neither stored nor derived)."""
 
     model: str
     setting: str
@@ -46,24 +49,35 @@ class Point:
     n_seeds: int
 
 
+def _get(s: Mapping[str, float], m: str, k: str) -> float | None:
+    v = s.get(f"{m}.{k}")
+    if isinstance(v, int | float):
+        return float(v)
+    if k == "xstest_compliance":  # summaries written before the key: the claims' own identity
+        ref, deg = s.get(f"{m}.over_refusal"), s.get(f"{m}.xstest_degenerate")
+        if isinstance(ref, int | float) and isinstance(deg, int | float):
+            return 1.0 - float(ref) - float(deg)
+    return None
+
+
 def points_from_summaries(summaries: Sequence[Mapping[str, float]], setting: str = "") -> list[Point]:
     """Points of every model present in all ``summaries`` (one per seed of one setting).
 
     Intervals are the aggregate's for proportions (Wilson at the effective sample size over seeds); one summary gives
-    bare means.
+    bare means. ``xstest_compliance`` missing from a summary is ``1 - over_refusal - xstest_degenerate``.
     """
     if not summaries:
         raise DataError("trade-off: no run summaries to read")
     out = []
     for m in MODELS:
-        keys = [f"{m}.{k}" for k in X_KEYS + Y_KEYS]
-        if not all(isinstance(s.get(k), int | float) for s in summaries for k in keys):
+        got = {k: [_get(s, m, k) for s in summaries] for k in X_KEYS + Y_KEYS}
+        if any(None in got[k] for k in X_KEYS + Y_KEYS if k not in OPTIONAL):
             continue
         vals = {}
-        for k in X_KEYS + Y_KEYS:
-            xs = [float(s[f"{m}.{k}"]) for s in summaries]
-            iv = interval(xs, "proportion")
-            vals[k] = Value(iv.mean, iv.lo, iv.hi)
+        for k, xs in got.items():
+            if None not in xs:
+                iv = interval(xs, "proportion")
+                vals[k] = Value(iv.mean, iv.lo, iv.hi)
         out.append(Point(m, setting, vals, len(summaries)))
     return out
 
@@ -90,22 +104,22 @@ def points_from_folder(folder: Path | str, setting: str = "") -> list[Point]:
 
 
 def figure(points: Sequence[Point], plt, title: str = ""):
-    """2 x 2 panels: ASR (prefill, embedding; rows) against benign compliance and over-refusal (columns)."""
-    fig, axes = plt.subplots(2, 2, figsize=(10.5, 8.4), squeeze=False)
+    """2 x 3 panels: ASR (prefill, embedding; rows) against benign compliance, over-refusal and XSTest-style
+    answers (columns; 2 x 2 when no point has the last)."""
+    xkeys = [k for k in X_KEYS if k not in OPTIONAL or any(k in p.values for p in points)]
+    fig, axes = plt.subplots(2, len(xkeys), figsize=(5.25 * len(xkeys), 8.4), squeeze=False)
     colors = {m: f"C{i}" for i, m in enumerate(MODELS)}
     ref = [p for p in points if p.model == "refusal"]
     for r, yk in enumerate(Y_KEYS):
-        for c, xk in enumerate(X_KEYS):
+        for c, xk in enumerate(xkeys):
             ax = axes[r][c]
-            if (
-                ref and len({p.values[xk].mean for p in ref}) == 1
-            ):  # one stage 0: shade the claims' target region
-                s0 = ref[0].values[xk].mean
-                x0, x1 = (s0 - TOLERANCE, 1.02) if xk == "benign_compliance" else (-0.02, s0 + TOLERANCE)
+            if ref and all(xk in p.values for p in ref) and len({p.values[xk].mean for p in ref}) == 1:
+                s0 = ref[0].values[xk].mean  # one stage 0: shade the claims' target region
+                x0, x1 = (-0.02, s0 + TOLERANCE) if xk == "over_refusal" else (s0 - TOLERANCE, 1.02)
                 ax.fill_between([x0, x1], -0.02, ASR_TARGET, color="green", alpha=0.12, lw=0,
                                 label="target region [ours]")  # fmt: skip
             for m in MODELS:
-                mine = [p for p in points if p.model == m]
+                mine = [p for p in points if p.model == m and xk in p.values]
                 if not mine:
                     continue
                 if all(p.values == mine[0].values for p in mine):  # e.g. stage 0, shared by every setting
@@ -124,7 +138,8 @@ def figure(points: Sequence[Point], plt, title: str = ""):
                     if p.setting and len(mine) > 1:
                         ax.annotate(p.setting, (vx.mean, vy.mean), fontsize=7, xytext=(3, 3),
                                     textcoords="offset points")  # fmt: skip
-            ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=xk.replace("_", " "),
+            xlabel = "XSTest-style answered" if xk == "xstest_compliance" else xk.replace("_", " ")
+            ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel=xlabel,
                    ylabel=f"ASR {yk.split('_')[1]}")  # fmt: skip
             if r == 0 and c == 0:
                 ax.legend(fontsize=7, loc="upper left")
@@ -140,7 +155,9 @@ def table(points: Sequence[Point]) -> list[dict]:
     for p in points:
         row = {"model": p.model, "setting": p.setting, "seeds": p.n_seeds}
         for k in Y_KEYS + X_KEYS:
-            v = p.values[k]
+            v = p.values.get(k)
+            if v is None:
+                continue
             row[k] = v.mean
             if v.lo is not None:
                 row[f"{k}.ci"] = f"[{v.lo:.2f}, {v.hi:.2f}]"
