@@ -204,3 +204,18 @@ def test_a_flag_spreads_to_near_duplicate_images_only():
     cls = image_class(tr.data)
     assert int(single.sum()) == 1
     assert torch.equal(~tr2.state.safe.cpu(), cls == cls[single][0])
+
+
+def test_copies_are_released_together_when_asked():
+    """Known answer: pairs 0-3 are copies of one image (one of them scores high), 4-5 two other images; 0-5 are
+    flagged, 6-9 accepted with scores 0..0.3 (the 0.5 quantile is 0.15). One by one, the low-scoring copies 0-2 and
+    pair 4 come back; together, the copy that stays (3) keeps 0-2 flagged, and 4 still comes back."""
+    from reprlab.methods.otcclip.defenses.consensus import release_mask
+
+    img = F.normalize(torch.eye(8)[[0, 0, 0, 0, 1, 2, 3, 4, 5, 6]], dim=-1)
+    score = torch.tensor([-1.0, -1.0, -1.0, 0.9, -1.0, 0.5, 0.0, 0.1, 0.2, 0.3])
+    safe = torch.tensor([False] * 6 + [True] * 4)
+    alone = release_mask(score, safe, img, 0.5, together=False, duplicate_cos=0.999)
+    assert alone.nonzero().flatten().tolist() == [0, 1, 2, 4]
+    both = release_mask(score, safe, img, 0.5, together=True, duplicate_cos=0.999)
+    assert both.nonzero().flatten().tolist() == [4]

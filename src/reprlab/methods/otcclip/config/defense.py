@@ -181,6 +181,14 @@ class DefenseConfig:
             "captions, and the copies left unflagged keep teaching it)"
         },
     )
+    flag_release_together: bool = field(
+        default=False,
+        metadata={
+            "help": "[ours] copies of one image are released together: a flagged pair rejoins only when no "
+            "near-duplicate (flag_duplicate_cos) of its image stays flagged (with flag_duplicates, the release "
+            "keeps the verdict copies share; released one by one, a targeted poison's copies came back in part)"
+        },
+    )
     flagged_train: str = field(
         default="inmodal",
         metadata={

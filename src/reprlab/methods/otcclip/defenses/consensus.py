@@ -92,6 +92,19 @@ def spread_to_duplicates(
 
 
 @torch.no_grad()
+def release_mask(score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, quantile: float, together: bool,
+                 duplicate_cos: float) -> torch.Tensor:  # fmt: skip
+    """``bool (N,)``: the flagged pairs (``~safe``) whose ``score (N,)`` is below the ``quantile`` of the accepted
+    pairs' scores; with ``together``, less every pair a near-duplicate of whose image (``img (N, D)``, unit rows,
+    cosine above ``duplicate_cos``) stays flagged [ours: copies share the verdict on release as on flagging]."""
+    bar = torch.quantile(score[safe], quantile)
+    back = ~safe & (score < bar)
+    if together:
+        stay = spread_to_duplicates(img, (~safe & ~back).cpu(), duplicate_cos)
+        back &= ~stay.to(back.device)
+    return back
+
+
 def update_flags(cfg, tr, epoch: int) -> dict:
     """OTCCLIP's epoch-start flag update (``cfg``: its ``DefenseConfig``; ``tr``: the trainer view): on flagging
     epochs add the least-supported ``flag_share`` of all pairs (scored with the epoch-start model, un-augmented) to
@@ -114,8 +127,8 @@ def update_flags(cfg, tr, epoch: int) -> dict:
                 new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
             tr.state.safe &= ~new
         if release and tr.state.safe.any():
-            bar = torch.quantile(score[tr.state.safe], c.flag_release_quantile)
-            back = ~tr.state.safe & (score < bar)
+            back = release_mask(score, tr.state.safe, img, c.flag_release_quantile, c.flag_release_together,
+                                c.flag_duplicate_cos)  # fmt: skip
             tr.state.safe |= back
             stats["released"] = int(back.sum())
     flagged = ~tr.state.safe.cpu()
