@@ -3,9 +3,10 @@
 A point is one model (stage 0, RR, CRL, CRL + mining; the base as the undefended end) at one setting: its
 prefilling and embedding-attack ASR against its benign compliance, its over-refusal (XSTest-style safe prompts
 refused) and the XSTest-style safe prompts it answers (neither refused nor degenerate: a model that turns safe
-prompts into degenerate text keeps over-refusal low and still fails them). One run gives one point per model; a seed sweep gives the mean with a Wilson interval over seeds
-(the aggregate's intervals for proportions); several settings of a defence (a strength sweep: steps, loss weight)
-become one line per model through its settings, labelled by setting (``scripts/crl_tradeoff.py``).
+prompts into degenerate text keeps over-refusal low and still fails them). One run gives one point per model; a
+seed sweep gives the mean with a Wilson interval over seeds (the aggregate's intervals for proportions); several
+settings of a defence (a strength sweep: steps, loss weight) become one line per model through its settings,
+labelled by setting (``scripts/crl_tradeoff.py``).
 
 The shaded box of each panel is the target region of the recipe's claims [ours]: ASR at most 0.1, and benign
 compliance and XSTest-style answers at least stage 0's minus 0.05 (over-refusal at most stage 0's plus 0.05).
