@@ -19,10 +19,10 @@ from reprlab.errors import ConfigError, RunFolderError
 from reprlab.export import export_run
 from reprlab.methods.crl_safety import export as X
 from reprlab.methods.crl_safety import recipe as R
+from reprlab.models.random_llama import random_llama_folder as tiny_llama_folder
 from reprlab.runs import Run
 
 from .test_recipe import TINY, compliant_jsonl
-from .tiny_hf import tiny_llama_folder
 
 # The exports compute the same sums in another order than the run: merged W' = W + sum s B A against the run's
 # W x (stage 0 merged in fp32) plus the defence's B (A x), and peft's unmerged stacked adapter against the run's

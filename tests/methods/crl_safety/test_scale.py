@@ -429,7 +429,7 @@ def _adapters(folder) -> dict[str, dict[str, torch.Tensor]]:
 @pytest.fixture(scope="module")
 def fsdp_recipe(tmp_path_factory):
     """The fsdp=true pipeline on a tiny Llama folder: one process (fsdp a logged no-op) and 2 gloo ranks."""
-    from tiny_hf import tiny_llama_folder
+    from reprlab.models.random_llama import random_llama_folder as tiny_llama_folder
 
     root = tmp_path_factory.mktemp("fsdp_recipe")
     model_dir = tiny_llama_folder(root / "model", initializer_range=0.05)

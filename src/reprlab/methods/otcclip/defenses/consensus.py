@@ -91,7 +91,6 @@ def spread_to_duplicates(
     return out
 
 
-@torch.no_grad()
 def release_mask(score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, quantile: float, together: bool,
                  duplicate_cos: float) -> torch.Tensor:  # fmt: skip
     """``bool (N,)``: the flagged pairs (``~safe``) whose ``score (N,)`` is below the ``quantile`` of the accepted
@@ -105,6 +104,7 @@ def release_mask(score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, qua
     return back
 
 
+@torch.no_grad()
 def update_flags(cfg, tr, epoch: int) -> dict:
     """OTCCLIP's epoch-start flag update (``cfg``: its ``DefenseConfig``; ``tr``: the trainer view): on flagging
     epochs add the least-supported ``flag_share`` of all pairs (scored with the epoch-start model, un-augmented) to
