@@ -135,8 +135,10 @@ class DefenseConfig:
             "the images of the captions nearest its caption; defenses/consensus.py) with the epoch-start model, "
             "and flag the flag_share least supported; flags accumulate over those epochs (kept in checkpoints). "
             "Flagged pairs leave the CLIP and inter-OT terms for the rest of training; flagged_train says what "
-            "they train instead (in-memory trainer only)",
-            "choices": ["none", "consensus"],
+            "they train instead (in-memory trainer only); 'consensus_fit' = the same with the score's rank plus "
+            "the rank of the pair's own image-caption cosine (a mismatch the model fits well: memorised; docs/"
+            "otcclip_testbed.md, 'Fit as well as consensus'), for flagging (the release reads consensus alone)",
+            "choices": ["none", "consensus", "consensus_fit"],
         },
     )
     flag_start: int = field(
@@ -193,8 +195,10 @@ class DefenseConfig:
         default="inmodal",
         metadata={
             "help": "[ours] what flagged pairs train: 'inmodal' = in-modality InfoNCE on two views of image and "
-            "caption (SafeCLIP's risky-set loss), 'drop' = nothing",
-            "choices": ["inmodal", "drop"],
+            "caption (SafeCLIP's risky-set loss), 'drop' = nothing, 'inmodal_all' = from flag_start on, "
+            "every pair trains that loss as well (CleanCLIP's in-modality term, here during pre-training: a "
+            "backdoor learned before the flag is not unlearned by leaving the CLIP term)",
+            "choices": ["inmodal", "drop", "inmodal_all"],
         },
     )
     match_schedule: str = field(

@@ -15,7 +15,8 @@ OTCCLIP's ``flag='consensus'`` (:func:`update_flags`, :func:`batch_flags`, :func
 each epoch from ``flag_start`` to ``flag_until`` the least-supported ``flag_share`` of all pairs are flagged (flags
 accumulate in the trainer's checkpointed per-pair ``state.safe``; ``flag_duplicates`` spreads them to copies); from
 ``flag_release_epoch`` flagged pairs that score like the accepted ones rejoin; flagged pairs leave the CLIP and
-inter-OT terms and, with ``flagged_train='inmodal'``, train an in-modality InfoNCE on two views of image and caption.
+inter-OT terms and, with ``flagged_train='inmodal'``, train an in-modality InfoNCE on two views of image and caption
+(``'inmodal_all'``: from ``flag_start`` every pair trains it as well).
 """
 
 from __future__ import annotations
@@ -63,6 +64,24 @@ def consensus_scores(
         agreement = (agree[rows, None, :] * agree[nn]).sum(-1)
         out[rows] = -(agreement * ok).sum(1) / ok.sum(1).clamp(min=1)
     return out
+
+
+def ranks(x: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` -> each entry's rank over ``x`` scaled to [0, 1) (ties broken by index, so it is deterministic)."""
+    out = torch.empty(len(x), dtype=torch.float32, device=x.device)
+    out[torch.sort(x, stable=True).indices] = torch.arange(len(x), device=x.device, dtype=torch.float32)
+    return out / max(len(x), 1)
+
+
+@torch.no_grad()
+def memorised_mismatch_scores(consensus: torch.Tensor, img: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
+    """``flag='consensus_fit'`` [ours; docs/otcclip_testbed.md, "Fit as well as consensus"]: the rank of the
+    consensus score plus the rank of the pair's own image-caption cosine, ``(N,)``. A pair the model fits unusually
+    well although its image is unlike its caption's neighbours' images is a mismatch it has memorised: poisons
+    that vouch for each other (one full-image trigger, repeated targeted images) are learned early and fit their
+    captions better than clean pairs do. Ranks, so that neither term's scale decides. ``img``/``txt (N, d)`` unit
+    rows, ``consensus (N,)`` from :func:`consensus_scores`."""
+    return ranks(consensus) + ranks((img * txt).sum(1).to(consensus.device))
 
 
 def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
@@ -122,7 +141,10 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         txt = embed_texts(tr.model, tr.ids, tr.mask)
         score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
         if flags:
-            new = flag_top(score, c.flag_share)
+            # consensus_fit flags by fit as well; the release below reads consensus alone, because a flagged
+            # pair stops training across modalities and so loses its fit whatever it is
+            by = memorised_mismatch_scores(score, img, txt) if c.flag == "consensus_fit" else score
+            new = flag_top(by, c.flag_share)
             if c.flag_duplicates:
                 new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
             tr.state.safe &= ~new
