@@ -369,7 +369,10 @@ class OTCCLIP(Defense):
         if flagged is not None:
             keep = ~flagged if keep is None else keep & ~flagged
         terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep, neg, row_w)
-        if flagged is not None and c.flagged_train == "inmodal":
+        if c.flagged_train == "inmodal_all" and b.epoch >= c.flag_start and c.flag != "none":
+            rows = torch.ones(len(b.ids1), dtype=torch.bool, device=tr.device)
+            terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, rows, c.unimodal_temperature)
+        elif flagged is not None and c.flagged_train == "inmodal":
             terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
         loss = terms["clip"]
         if "ot_inter" in terms:
