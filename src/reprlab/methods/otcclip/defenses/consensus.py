@@ -169,16 +169,16 @@ def batch_flags(tr, b) -> torch.Tensor | None:
     return flagged if bool(all_gather_nograd(flagged.any()[None]).any()) else None
 
 
-def flagged_inmodal_loss(tr, b, img, own, flagged: torch.Tensor, temperature: float) -> torch.Tensor:
-    """In-modality InfoNCE (SafeCLIP's risky-set loss) over the flagged rows of the global batch: first vs second
-    view of each image and of each own caption. ``img``: the first views' ``ImageFeatures`` (local rows);
-    ``own``: the own captions' first-view ``TextFeatures`` with gradient when the step has them, else None;
-    ``flagged bool (local,)``."""
+def flagged_inmodal_loss(tr, b, img, own, rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    """In-modality InfoNCE (SafeCLIP's risky-set loss) over the chosen rows of the global batch (the flagged ones;
+    every row with ``flagged_train='inmodal_all'``): first vs second view of each image and of each own caption.
+    ``img``: the first views' ``ImageFeatures`` (local rows); ``own``: the own captions' first-view
+    ``TextFeatures`` with gradient when the step has them, else None; ``rows bool (local,)``."""
     model, gather = tr.model, all_gather_with_grad
     if own is None:
         own = model.encode_text(b.ids1, b.mask1)
     img2, txt2 = model.encode_image(b.view2), model.encode_text(b.ids2, b.mask2)
-    rows = all_gather_nograd(flagged)
+    rows = all_gather_nograd(rows)
     if rows.sum() < 2:  # InfoNCE needs a negative
         return img.global_.sum() * 0.0
     a1, a2 = gather(img.global_)[rows], gather(img2.global_)[rows]
