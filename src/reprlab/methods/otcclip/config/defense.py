@@ -195,9 +195,10 @@ class DefenseConfig:
         default="inmodal",
         metadata={
             "help": "[ours] what flagged pairs train: 'inmodal' = in-modality InfoNCE on two views of image and "
-            "caption (SafeCLIP's risky-set loss), 'drop' = nothing, 'inmodal_all' = from flag_start on "
-            "(with a flag; inert under flag='none', as the other two are), every pair trains that loss as well (CleanCLIP's in-modality term, here during pre-training: a "
-            "backdoor learned before the flag is not unlearned by leaving the CLIP term)",
+            "caption (SafeCLIP's risky-set loss), 'drop' = nothing, 'inmodal_all' = from flag_start on (with a "
+            "flag; inert under flag='none', as the other two are), every pair trains that loss as well "
+            "(CleanCLIP's in-modality term, here during pre-training: a backdoor learned before the flag is not "
+            "unlearned by leaving the CLIP term)",
             "choices": ["inmodal", "drop", "inmodal_all"],
         },
     )
