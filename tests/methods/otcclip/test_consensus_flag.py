@@ -293,3 +293,109 @@ def test_inmodal_all_trains_every_pair_in_modality_from_the_flag_start():
     per_row = -(s - torch.log(n * math.exp(s) + 16 - n))
     out = tr.step(all_rows, 1, 0, "otc")
     assert float(out.loss) == pytest.approx(clean + 2 * float(per_row.mean()), abs=1e-4)
+
+
+def _reference_voters(img, txt, k, voters):
+    """As :func:`_reference` (duplicate rule off), with only ``voters`` as candidate neighbours."""
+    img, txt = img.double(), txt.double()
+    out = []
+    for i in range(len(img)):
+        cand = sorted(
+            (j for j in range(len(img)) if j != i and voters[j]), key=lambda j: -float(txt[i] @ txt[j])
+        )
+        nn = cand[:k]
+        out.append(-sum(float(img[i] @ img[j]) for j in nn) / max(len(nn), 1))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_voters_leave_flagged_pairs_out_of_every_neighbourhood():
+    """The written-out formula with a voter mask; and on learnt poisons that vouch for each other, once half of
+    them are flagged (no longer voters), the other half score as less supported than with every pair voting."""
+    img, txt, _ = _web_like(seed=2, n_per=8)
+    voters = torch.rand(len(img), generator=torch.Generator().manual_seed(0)) > 0.3
+    got = consensus_scores(img, txt, k=5, duplicate_cos=2.0, chunk=7, voters=voters)
+    assert torch.allclose(got.double(), _reference_voters(img, txt, 5, voters), atol=1e-5)  # float32 vs loops
+    gains = []
+    for seed in range(6):
+        img, txt, kind = _coordinated(seed)
+        voters = torch.ones(len(kind), dtype=torch.bool)
+        voters[torch.nonzero(kind == 1).flatten()[::2]] = (
+            False  # half the poisons flagged at an earlier epoch
+        )
+        y = kind[voters].numpy()
+        every = roc_auc_score(y, consensus_scores(img, txt, k=8)[voters].numpy())
+        gains.append(roc_auc_score(y, consensus_scores(img, txt, k=8, voters=voters)[voters].numpy()) - every)
+    assert min(gains) > 0.02  # 0.036-0.099 seen over seeds 0-5
+
+
+def test_flag_vouch_unflagged_scores_with_the_accepted_pairs_only():
+    kw = dict(flag_start=0, flag_until=0, flag_share=0.25, flag_k=3, flag_duplicate_cos=2.0)
+    for vouch in ("all", "unflagged"):
+        tr = _flagged_trainer(flag_vouch=vouch, **kw)
+        tr.state.safe[12:14] = False  # flagged before this epoch
+        voters = tr.state.safe.cpu().clone()
+        tr.impl.start_epoch(tr, 0, "otc")
+        img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+        score = consensus_scores(img, txt, 3, 2.0, voters=voters if vouch == "unflagged" else None)
+        assert torch.equal(~tr.state.safe.cpu(), flag_top(score, 0.25) | ~voters)
+
+
+def test_flagged_unlearn_pushes_flagged_images_down_to_the_bound_and_no_further():
+    """Known answer on hand-made unit features (one process: the gathers are the identity): the term is the
+    mean over flagged rows of relu(cos(u_i, w_i) - m_i); m_i = image i's mean cosine with the other captions
+    ('random') or the median own-pair cosine of the unflagged rows ('accepted'). Gradient reaches only the flagged
+    images above their bound; the captions get none."""
+    from types import SimpleNamespace
+
+    from reprlab.methods.otcclip.defenses.consensus import flagged_unlearn_loss
+
+    g = torch.Generator().manual_seed(3)
+    u0 = F.normalize(torch.randn(6, 4, generator=g), dim=-1)
+    w0 = F.normalize(u0 + 0.8 * torch.randn(6, 4, generator=g), dim=-1)
+    w0[3], w0[5] = u0[3], F.normalize(u0[5] + 0.1 * w0[5], dim=0)  # flagged pairs fit well: above both bounds
+    w0[4] = -u0[4]  # a flagged pair already far below any bound: no loss, no gradient
+    rows = torch.tensor([False, False, False, True, True, True])
+    cos = (u0 @ w0.T).double()
+    for margin in ("random", "accepted"):
+        u, w = u0.clone().requires_grad_(), w0.clone().requires_grad_()
+        img, own = SimpleNamespace(global_=u), SimpleNamespace(global_=w)
+        got = flagged_unlearn_loss(None, None, img, own, rows, margin)
+        per_row = []
+        for i in (3, 4, 5):
+            if margin == "random":
+                bar = sum(float(cos[i, j]) for j in range(6) if j != i) / 5
+            else:
+                bar = float(np.median([float(cos[j, j]) for j in (0, 1, 2)]))
+            per_row.append(max(float(cos[i, i]) - bar, 0.0))
+        assert float(got.detach()) == pytest.approx(sum(per_row) / 3, abs=1e-6)
+        assert per_row[1] == 0.0 and min(per_row[0], per_row[2]) > 0.05  # rows on each side of the bound
+        got.backward()
+        assert w.grad is None or not w.grad.any()  # captions detached
+        moved = u.grad.abs().sum(1) > 0
+        assert moved.tolist() == [False, False, False] + [r > 0 for r in per_row]
+
+
+def test_trust_epoch_keeps_the_most_supported_share_and_releases_nothing_after():
+    kw = dict(flag_start=0, flag_until=0, flag_share=0.25, flag_k=3, flag_duplicate_cos=2.0)
+    tr = _flagged_trainer(trust_epoch=1, trust_share=0.5, flag_release_epoch=1, **kw)
+    tr.impl.start_epoch(tr, 0, "otc")
+    before = tr.state.safe.cpu().clone()
+    tr.impl.start_epoch(tr, 1, "otc")
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    score = consensus_scores(img, txt, 3, 2.0)
+    kept = flag_top(-score.masked_fill(~before, float("inf")), 0.5)
+    assert torch.equal(tr.state.safe.cpu(), before & kept) and int(kept.sum()) == 8
+    after = tr.state.safe.clone()
+    stats = tr.impl.start_epoch(tr, 2, "otc")  # a release epoch, but inside the trusted phase
+    assert torch.equal(tr.state.safe, after) and "released" not in stats
+
+
+def test_flag_diagnostics_split_targeted_and_backdoor_poisons():
+    from reprlab.methods.otcclip.data.pairs import BACKDOOR
+
+    tr = _flagged_trainer(flag_start=5, flag_until=5)
+    tr.data.kind[14:] = BACKDOOR  # rows 12-13 stay targeted
+    tr.state.safe[[0, 12, 14, 15]] = False
+    stats = tr.impl.start_epoch(tr, 0, "otc")  # not a flagging epoch: the hand-made flags stand
+    assert stats["targeted_flagged"] == 0.5 and stats["backdoor_flagged"] == 1.0
+    assert stats["poison_flagged"] == 0.75 and stats["flagged_share"] == pytest.approx(4 / 16)

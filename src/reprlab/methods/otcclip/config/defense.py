@@ -191,6 +191,29 @@ class DefenseConfig:
             "keeps the verdict copies share; released one by one, a targeted poison's copies came back in part)"
         },
     )
+    flag_vouch: str = field(
+        default="all",
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'Flagged pairs do not vouch'] which pairs count as neighbours "
+            "in the consensus score: 'all', or 'unflagged' (a pair flagged at an earlier epoch cannot vouch for "
+            "another; poisons that share a learned trigger support each other until some of them are flagged)",
+            "choices": ["all", "unflagged"],
+        },
+    )
+    trust_epoch: int = field(
+        default=-1,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A trusted last phase'] from this epoch on (-1 = never; needs "
+            "a flag), only the trust_share most-supported pairs (lowest consensus score, scored once at this "
+            "epoch, among the unflagged) train the CLIP and inter-OT terms; the rest are flagged and nothing is "
+            "released: CleanCLIP's clean fine-tuning on a set the flag chose instead of a given clean set",
+            "ge": -1,
+        },
+    )
+    trust_share: float = field(
+        default=0.2,
+        metadata={"help": "[ours] see trust_epoch: the share of all pairs kept", "gt": 0, "le": 1},
+    )
     flagged_train: str = field(
         default="inmodal",
         metadata={
@@ -200,6 +223,23 @@ class DefenseConfig:
             "(CleanCLIP's in-modality term, here during pre-training: a backdoor learned before the flag is not "
             "unlearned by leaving the CLIP term)",
             "choices": ["inmodal", "drop", "inmodal_all"],
+        },
+    )
+    flagged_unlearn: float = field(
+        default=0.0,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'Unlearning what the flag holds'] weight of a bounded "
+            "unlearning term on flagged pairs: each flagged image is pushed away from its own caption until their "
+            "cosine is down to flagged_unlearn_margin's bound (images only; 0 = off)",
+            "ge": 0,
+        },
+    )
+    flagged_unlearn_margin: str = field(
+        default="random",
+        metadata={
+            "help": "[ours] the bound of flagged_unlearn: 'random' = the image's mean cosine with the batch's other "
+            "captions; 'accepted' = the median own-pair cosine of the batch's unflagged pairs",
+            "choices": ["random", "accepted"],
         },
     )
     match_schedule: str = field(

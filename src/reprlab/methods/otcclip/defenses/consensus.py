@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
 from reprlab.methods.otcclip.defenses.losses import unimodal_loss
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
@@ -36,12 +37,14 @@ def consensus_scores(
     duplicate_cos: float = 0.999,
     side: str = "text",
     chunk: int = 1024,
+    voters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mismatch score of each pair; ``img``/``txt (N, d)`` L2-normalised global features -> ``(N,)``.
 
     ``side='text'``: neighbours by caption, agreement of images (the default); ``side='image'``: neighbours by
     image, agreement of captions. Pairs with fewer than ``k`` eligible neighbours average over those they have.
-    Computed in row chunks of ``chunk`` queries, so memory is ``chunk x N``.
+    Computed in row chunks of ``chunk`` queries, so memory is ``chunk x N``. ``voters``: optional ``bool (N,)``;
+    only these pairs can be neighbours (every pair is still scored).
     """
     if img.shape != txt.shape or img.ndim != 2:
         raise ValueError(f"img and txt must both be (N, d); got {tuple(img.shape)} and {tuple(txt.shape)}")
@@ -58,6 +61,8 @@ def consensus_scores(
         sim = query[rows] @ query.T
         dup = img[rows] @ img.T > duplicate_cos
         dup[torch.arange(len(rows)), rows] = True  # a pair is never its own neighbour
+        if voters is not None:
+            dup |= ~voters[None, :]
         sim = sim.masked_fill(dup, float("-inf"))
         val, nn = sim.topk(k, dim=1)
         ok = torch.isfinite(val)
@@ -129,17 +134,23 @@ def update_flags(cfg, tr, epoch: int) -> dict:
     epochs add the least-supported ``flag_share`` of all pairs (scored with the epoch-start model, un-augmented) to
     the flagged set ``~tr.state.safe``; from ``flag_release_epoch`` release flagged pairs scoring below the
     ``flag_release_quantile`` of the accepted pairs' scores. Logs the flagged share and, as diagnostics only, the
-    share of poisons flagged."""
+    share of poisons flagged (all, targeted, backdoor)."""
     c = cfg
     if c.flag == "none":
         return {}
+    trust = epoch == c.trust_epoch
     flags = c.flag_start <= epoch <= c.flag_until
     release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
+    release &= not 0 <= c.trust_epoch <= epoch  # the trusted phase releases nothing
     stats = {}
-    if flags or release:
+    if flags or release or trust:
         img = embed_images(tr.model, tr.data.images)
         txt = embed_texts(tr.model, tr.ids, tr.mask)
-        score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos).to(tr.state.safe.device)
+        # [ours] flag_vouch='unflagged': a flagged pair cannot vouch for another, so poisons that support each
+        # other lose that support once some of them are flagged
+        voters = tr.state.safe.to(img.device) if c.flag_vouch == "unflagged" else None
+        score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos, voters=voters)
+        score = score.to(tr.state.safe.device)
         if flags:
             # consensus_fit flags by fit as well; the release below reads consensus alone, because a flagged
             # pair stops training across modalities and so loses its fit whatever it is
@@ -153,12 +164,23 @@ def update_flags(cfg, tr, epoch: int) -> dict:
                                 c.flag_duplicate_cos)  # fmt: skip
             tr.state.safe |= back
             stats["released"] = int(back.sum())
+        if (
+            trust
+        ):  # the most-supported trust_share of all pairs, among the unflagged, stay; the rest are flagged
+            kept = flag_top(-score.masked_fill(~tr.state.safe, float("inf")), c.trust_share)
+            tr.state.safe &= kept.to(tr.state.safe.device)
     flagged = ~tr.state.safe.cpu()
-    poison = tr.poison.cpu()
+    poison, kind = tr.poison.cpu(), tr.data.kind.cpu()
+
+    def held(rows: torch.Tensor) -> float:  # diagnostics only: the flag never reads provenance
+        return float(flagged[rows].float().mean()) if rows.any() else float("nan")
+
     return {
         **stats,
         "flagged_share": float(flagged.float().mean()),
-        "poison_flagged": float(flagged[poison].float().mean()) if poison.any() else float("nan"),
+        "poison_flagged": held(poison),
+        "targeted_flagged": held(kind == TARGETED),
+        "backdoor_flagged": held(kind == BACKDOOR),
     }
 
 
@@ -184,3 +206,47 @@ def flagged_inmodal_loss(tr, b, img, own, rows: torch.Tensor, temperature: float
     a1, a2 = gather(img.global_)[rows], gather(img2.global_)[rows]
     t1, t2 = gather(own.global_)[rows], gather(txt2.global_)[rows]
     return unimodal_loss(a1, a2, temperature) + unimodal_loss(t1, t2, temperature)
+
+
+def flagged_unlearn_loss(tr, b, img, own, rows: torch.Tensor, margin: str) -> torch.Tensor:
+    """``flagged_unlearn`` [ours; docs/otcclip_testbed.md, "Unlearning what the flag holds"]: the mean over the
+    global batch's flagged rows of ``relu(cos(u_i, w_i) - m_i)``, with gradient into the images only. A flagged
+    pair only leaves the cross-modal terms, which does not unlearn a trigger learned before the flag; this pushes
+    each flagged image away from its own caption down to a bound and no further: ``margin='random'``: m_i = the
+    mean cosine of image i with the batch's other captions (a pair no closer than chance); ``'accepted'``: m_i =
+    the median own-pair cosine of the batch's unflagged pairs (no flagged pair fits better than a typical
+    accepted one). The bound makes it stop, unlike gradient ascent on the CLIP loss. Captions are detached,
+    because a flagged caption is usually a class caption that clean pairs share. ``rows bool (local,)``."""
+    if own is None:
+        own = tr.model.encode_text(b.ids1, b.mask1)
+    rows = all_gather_nograd(rows)
+    u, w = all_gather_with_grad(img.global_), all_gather_nograd(own.global_.detach())
+    if not rows.any():
+        return img.global_.sum() * 0.0
+    cos = u @ w.T  # [global, global]
+    pos = cos.diagonal()
+    if margin == "random":
+        off = ~torch.eye(len(cos), dtype=torch.bool, device=cos.device)
+        bar = (cos.detach() * off).sum(1) / off.sum(1).clamp(min=1)
+    elif (~rows).any():
+        bar = pos.detach()[~rows].median().expand(len(pos))
+    else:  # nothing accepted in this batch to compare with: no bound to push to
+        return img.global_.sum() * 0.0
+    return torch.relu(pos - bar)[rows].mean()
+
+
+def flag_terms(c, tr, b, img, own, flagged: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The flag's extra loss terms of one step (``c``: OTCCLIP's ``DefenseConfig``; ``flagged bool (local,)`` or
+    None when no row of the global batch is flagged): ``inmodal`` (``flagged_train``) and ``unlearn``
+    (``flagged_unlearn``), unweighted."""
+    terms = {}
+    if c.flag == "none":
+        return terms
+    if c.flagged_train == "inmodal_all" and b.epoch >= c.flag_start:
+        rows = torch.ones(len(b.ids1), dtype=torch.bool, device=tr.device)
+        terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, rows, c.unimodal_temperature)
+    elif flagged is not None and c.flagged_train == "inmodal":
+        terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
+    if flagged is not None and c.flagged_unlearn > 0:
+        terms["unlearn"] = flagged_unlearn_loss(tr, b, img, own, flagged, c.flagged_unlearn_margin)
+    return terms

@@ -28,7 +28,7 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.consensus import batch_flags, flagged_inmodal_loss, update_flags
+from reprlab.methods.otcclip.defenses.consensus import batch_flags, flag_terms, update_flags
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
@@ -369,11 +369,7 @@ class OTCCLIP(Defense):
         if flagged is not None:
             keep = ~flagged if keep is None else keep & ~flagged
         terms = self.losses(tr, b, img, txt, own if c.reuse_own_text else None, views, keep, neg, row_w)
-        if c.flagged_train == "inmodal_all" and b.epoch >= c.flag_start and c.flag != "none":
-            rows = torch.ones(len(b.ids1), dtype=torch.bool, device=tr.device)
-            terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, rows, c.unimodal_temperature)
-        elif flagged is not None and c.flagged_train == "inmodal":
-            terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
+        terms.update(flag_terms(c, tr, b, img, own, flagged))
         loss = terms["clip"]
         if "ot_inter" in terms:
             loss = loss + c.lambda_inter * terms["ot_inter"]
@@ -381,6 +377,8 @@ class OTCCLIP(Defense):
             loss = loss + c.lambda_intra * terms["ot_intra"]
         if "inmodal" in terms:
             loss = loss + terms["inmodal"]
+        if "unlearn" in terms:
+            loss = loss + c.flagged_unlearn * terms["unlearn"]
         if "ot_marginal_error" in terms:
             self._note_loss_ot(tr, b, float(terms["ot_marginal_error"]))
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)

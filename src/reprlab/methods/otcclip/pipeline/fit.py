@@ -64,6 +64,9 @@ def fit(
     flags = [h for h in history if "poison_flagged" in h]  # OTCCLIP's consensus flag, at the end of training
     if flags:
         final["flag_poison_flagged"] = flags[-1]["poison_flagged"]
+        for kind in ("targeted", "backdoor"):
+            if f"{kind}_flagged" in flags[-1]:
+                final[f"flag_{kind}_flagged"] = flags[-1][f"{kind}_flagged"]
         final["flag_share"] = flags[-1]["flagged_share"]
     splits = [h for h in history if "poison_in_risky" in h]
     if splits:

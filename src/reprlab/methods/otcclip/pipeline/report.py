@@ -57,6 +57,7 @@ def report_sections(run_dir: Path) -> list[Section]:
         "rematch_poison_moved",
         "rematch_clean_kept",
         "flag_poison_flagged",
+        "flag_backdoor_flagged",
         "flag_share",
     )
     rows = [{"defense": d, **{m: results[d].get(m, float("nan")) for m in metrics}} for d in defenses]
