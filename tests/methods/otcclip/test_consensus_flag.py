@@ -134,8 +134,10 @@ def test_flags_are_the_top_share_of_the_score_and_accumulate_over_the_flagging_e
     assert np.isfinite(stats["poison_flagged"])
 
 
-def test_flags_are_checkpointed_so_a_resumed_run_trains_the_same_step():
+@pytest.mark.parametrize("cohort", [-1, 0])
+def test_flags_are_checkpointed_so_a_resumed_run_trains_the_same_step(cohort):
     kw = dict(flag_start=0, flag_until=0, flag_share=0.25, flag_k=3, flag_duplicate_cos=2.0)
+    kw.update(flag_cohort_start=cohort, flag_cohort_epochs=1)  # 0: the held cohort is in the checkpoint too
     straight = _flagged_trainer(**kw)
     straight.impl.start_epoch(straight, 0, "otc")
     saved = {k: {n: t.clone() for n, t in m.state_dict().items()} for k, m in straight.modules().items()}
@@ -144,6 +146,8 @@ def test_flags_are_checkpointed_so_a_resumed_run_trains_the_same_step():
         m.load_state_dict(saved[k])
     resumed.impl.start_epoch(resumed, 1, "otc")  # past flag_until: the restored flags stand
     assert torch.equal(resumed.state.safe, straight.state.safe) and (~straight.state.safe).any()
+    if cohort == 0:
+        assert torch.equal(resumed.state.held, straight.state.held) and straight.state.held.any()
     a, b = straight.step(torch.arange(16), 1, 0, "otc"), resumed.step(torch.arange(16), 1, 0, "otc")
     assert float(b.loss) == float(a.loss)
 
@@ -399,3 +403,58 @@ def test_flag_diagnostics_split_targeted_and_backdoor_poisons():
     stats = tr.impl.start_epoch(tr, 0, "otc")  # not a flagging epoch: the hand-made flags stand
     assert stats["targeted_flagged"] == 0.5 and stats["backdoor_flagged"] == 1.0
     assert stats["poison_flagged"] == 0.75 and stats["flagged_share"] == pytest.approx(4 / 16)
+
+
+def _learned_trigger(seed, n_per=40, classes=5, dim=16, nb=30):
+    """Clean pairs as in :func:`_coordinated` and ``nb`` poisons whose trigger the model has learned: images of
+    random other classes drawn to the centre of class 0, whose captions they carry (3 x class 0 + 0.5 x the item
+    + small noise). Returns unit img, txt and kind (0 clean, 1 poison)."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randn(classes, dim, generator=g)
+    y = torch.arange(classes).repeat_interleave(n_per)
+    img = c[y] + torch.randn(len(y), dim, generator=g)
+    txt = c[y] + torch.randn(len(y), dim, generator=g)
+    yb = torch.randint(1, classes, (nb,), generator=g)
+    txt_b = c[0] + torch.randn(nb, dim, generator=g)
+    img_b = 3.0 * c[0] + 0.5 * c[yb] + 0.3 * torch.randn(nb, dim, generator=g)
+    kind = torch.cat([torch.zeros(len(y)), torch.ones(nb)]).long()
+    return F.normalize(torch.cat([img, img_b]), dim=-1), F.normalize(torch.cat([txt, txt_b]), dim=-1), kind
+
+
+def test_a_learned_trigger_is_a_cohort_the_consensus_score_ranks_last():
+    """Poisons of a learned trigger look better supported than clean pairs (consensus AUROC 0.02-0.23 over seeds
+    0-5: inverted), and the cohort score (support rank + fit rank) ranks them first (0.73-0.95 seen)."""
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores, ranks
+
+    cons_auc, cohort_auc = [], []
+    for seed in range(6):
+        img, txt, kind = _learned_trigger(seed)
+        cons = consensus_scores(img, txt, k=8)
+        score = cohort_scores(cons, img, txt)
+        assert torch.allclose(score, ranks(-cons) + ranks((img * txt).sum(1)))
+        cons_auc.append(roc_auc_score(kind.numpy(), cons.numpy()))
+        cohort_auc.append(roc_auc_score(kind.numpy(), score.numpy()))
+    assert max(cons_auc) < 0.35 and min(cohort_auc) > 0.65 and np.mean(cohort_auc) > 0.8  # 0.86 seen
+
+
+def test_flag_cohort_flags_the_top_share_after_the_release():
+    """A cohort member stays flagged even where the release alone would return it, for the rest of training;
+    other releases go on."""
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores, release_mask
+
+    kw = dict(flag_start=5, flag_until=5, flag_k=3, flag_duplicate_cos=2.0, flag_release_epoch=0)
+    tr = _flagged_trainer(flag_cohort_start=0, flag_cohort_share=0.25, **kw)
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    cons = consensus_scores(img, txt, 3, 2.0)
+    top = flag_top(cohort_scores(cons, img, txt), 0.25)
+    tr.state.safe[top.to(tr.state.safe.device)] = False  # flagged earlier, by hand, with two more pairs
+    tr.state.safe[[i for i in range(16) if not top[i]][:2]] = False
+    before = tr.state.safe.cpu().clone()
+    back = release_mask(cons, before, img, tr.dcfg.flag_release_quantile, False, 2.0)
+    assert (back & top).any() and (back & ~top).any()  # the release alone would return a cohort member
+    stats = tr.impl.start_epoch(tr, 0, "otc")
+    assert torch.equal(tr.state.safe.cpu(), (before | back) & ~top)
+    assert stats["cohort_flagged"] == 4 and stats["released"] == int(back.sum())
+    later = tr.impl.start_epoch(tr, 3, "otc")  # past the cohort's three epochs: only the release acts
+    assert "cohort_flagged" not in later and torch.equal(tr.state.held.cpu(), top)
+    assert not tr.state.safe.cpu()[top].any()  # held: the release would return them (above), and does not

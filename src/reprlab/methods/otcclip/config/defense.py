@@ -200,6 +200,23 @@ class DefenseConfig:
             "choices": ["all", "unflagged"],
         },
     )
+    flag_cohort_start: int = field(
+        default=-1,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A learned trigger is a cohort'] from this epoch (-1 = never; "
+            "needs a flag), before each of flag_cohort_epochs epochs, also flag the flag_cohort_share of all pairs "
+            "that score highest on rank(support) + rank(own-pair cosine), and never release them: poisons of a "
+            "learned trigger vouch for each other and fit their captions better than clean pairs do",
+            "ge": -1,
+        },
+    )
+    flag_cohort_epochs: int = field(
+        default=3, metadata={"help": "[ours] see flag_cohort_start: how many epochs flag a cohort", "ge": 1}
+    )
+    flag_cohort_share: float = field(
+        default=0.05,
+        metadata={"help": "[ours] see flag_cohort_start", "gt": 0, "lt": 1},
+    )
     trust_epoch: int = field(
         default=-1,
         metadata={

@@ -89,6 +89,17 @@ def memorised_mismatch_scores(consensus: torch.Tensor, img: torch.Tensor, txt: t
     return ranks(consensus) + ranks((img * txt).sum(1).to(consensus.device))
 
 
+@torch.no_grad()
+def cohort_scores(consensus: torch.Tensor, img: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
+    """``flag_cohort_share`` [ours; docs/otcclip_testbed.md, "A learned trigger is a cohort"]: the rank of the
+    support (minus the consensus score) plus the rank of the own-pair cosine, ``(N,)``. Once a trigger is learned,
+    its poisons show one feature whatever item they show, so they vouch for each other better than any concept's
+    clean pairs do and fit their captions better too: the top of this score is that cohort, or, with no trigger
+    learned, the best-learned clean pairs, which lose the least by leaving the cross-modal loss.
+    ``consensus (N,)`` from :func:`consensus_scores`; ``img``/``txt (N, d)`` unit rows."""
+    return ranks(-consensus) + ranks((img * txt).sum(1).to(consensus.device))
+
+
 def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
     """``bool (N,)``: the ``round(share * N)`` highest scores (ties broken by index, so it is deterministic)."""
     n = len(scores)
@@ -142,8 +153,9 @@ def update_flags(cfg, tr, epoch: int) -> dict:
     flags = c.flag_start <= epoch <= c.flag_until
     release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
     release &= not 0 <= c.trust_epoch <= epoch  # the trusted phase releases nothing
+    cohort = 0 <= c.flag_cohort_start <= epoch < c.flag_cohort_start + c.flag_cohort_epochs
     stats = {}
-    if flags or release or trust:
+    if flags or release or trust or cohort:
         img = embed_images(tr.model, tr.data.images)
         txt = embed_texts(tr.model, tr.ids, tr.mask)
         # [ours] flag_vouch='unflagged': a flagged pair cannot vouch for another, so poisons that support each
@@ -151,6 +163,9 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         voters = tr.state.safe.to(img.device) if c.flag_vouch == "unflagged" else None
         score = consensus_scores(img, txt, c.flag_k, c.flag_duplicate_cos, voters=voters)
         score = score.to(tr.state.safe.device)
+        top = cohort_scores(score, img, txt) if cohort else None
+        if top is not None:
+            top = flag_top(top, c.flag_cohort_share)
         if flags:
             # consensus_fit flags by fit as well; the release below reads consensus alone, because a flagged
             # pair stops training across modalities and so loses its fit whatever it is
@@ -162,8 +177,14 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         if release and tr.state.safe.any():
             back = release_mask(score, tr.state.safe, img, c.flag_release_quantile, c.flag_release_together,
                                 c.flag_duplicate_cos)  # fmt: skip
+            if hasattr(tr.state, "held"):
+                back &= ~tr.state.held
             tr.state.safe |= back
             stats["released"] = int(back.sum())
+        if top is not None:  # after the release; a cohort member is held for the rest of training
+            tr.state.held |= top
+            tr.state.safe &= ~top
+            stats["cohort_flagged"] = int(top.sum())
         if (
             trust
         ):  # the most-supported trust_share of all pairs, among the unflagged, stay; the rest are flagged

@@ -47,11 +47,14 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 class _State(nn.Module):
-    """Per-pair trainer state kept in checkpoints (SafeCLIP's safe mask)."""
+    """Per-pair trainer state kept in checkpoints (SafeCLIP's and OTCCLIP's safe mask; with ``held``, OTCCLIP's
+    ``flag_cohort`` pairs, which are never released)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, held: bool = False):
         super().__init__()
         self.register_buffer("safe", torch.ones(n, dtype=torch.bool))
+        if held:  # only then: checkpoints of runs without the cohort flag keep their keys
+            self.register_buffer("held", torch.zeros(n, dtype=torch.bool))
 
 
 class Trainer:
@@ -92,7 +95,8 @@ class Trainer:
         self.data = data
         self.ids, self.mask = tokenizer.encode(data.captions, self.max_len)
         self.poison = data.kind != 0
-        self.state = _State(len(data)).to(self.device)
+        held = defense_cfg.flag != "none" and defense_cfg.flag_cohort_start >= 0
+        self.state = _State(len(data), held=held).to(self.device)
         if train.batch_size > len(data):
             raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
         self.steps_per_epoch = len(data) // train.batch_size
