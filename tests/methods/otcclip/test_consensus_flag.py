@@ -458,3 +458,23 @@ def test_flag_cohort_flags_the_top_share_after_the_release():
     later = tr.impl.start_epoch(tr, 3, "otc")  # past the cohort's three epochs: only the release acts
     assert "cohort_flagged" not in later and torch.equal(tr.state.held.cpu(), top)
     assert not tr.state.safe.cpu()[top].any()  # held: the release would return them (above), and does not
+
+
+@pytest.mark.parametrize("rows", ["flagged", "held"])
+def test_flagged_unlearn_in_the_step_reads_the_chosen_rows(rows):
+    """Known answer on the planted problem (one-hot features): the step's ``unlearn`` term is the mean over the
+    chosen rows of relu(1[class_i = sig_i] - mean_{j != i} 1[class_i = sig_j]) (the 'random' bound)."""
+    tr = _flagged_trainer(flag_start=5, flag_until=5, flag_cohort_start=9, flagged_unlearn=1.0,
+                          flagged_unlearn_rows=rows)  # fmt: skip
+    tr.state.safe[[0, 1, 12, 13, 14, 15]] = False
+    tr.state.held[[0, 1]] = True  # two clean pairs held by hand; the four poisons are flagged only
+    out = tr.step(torch.arange(16), 0, 0, "otc")
+    u = F.one_hot(image_class(tr.data), DIM).float()
+    w = F.one_hot(tr.data.sig, DIM).float()
+    cos = u @ w.T
+    chosen = [0, 1] if rows == "held" else [0, 1, 12, 13, 14, 15]
+    want = [max(float(cos[i, i]) - (float(cos[i].sum()) - float(cos[i, i])) / 15, 0.0) for i in chosen]
+    assert out.terms["unlearn"] == pytest.approx(sum(want) / len(want), abs=1e-5)
+    assert (
+        sum(want) / len(want) > 0.25
+    )  # 0.867 held, 0.289 flagged (the poisons' own captions are not theirs)

@@ -259,6 +259,14 @@ class DefenseConfig:
             "choices": ["random", "accepted"],
         },
     )
+    flagged_unlearn_rows: str = field(
+        default="flagged",
+        metadata={
+            "help": "[ours] which pairs flagged_unlearn pushes apart: 'flagged' = every flagged pair; 'held' = "
+            "only the cohort held by flag_cohort_start",
+            "choices": ["flagged", "held"],
+        },
+    )
     match_schedule: str = field(
         default="step",
         metadata={

@@ -269,5 +269,10 @@ def flag_terms(c, tr, b, img, own, flagged: torch.Tensor | None) -> dict[str, to
     elif flagged is not None and c.flagged_train == "inmodal":
         terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
     if flagged is not None and c.flagged_unlearn > 0:
-        terms["unlearn"] = flagged_unlearn_loss(tr, b, img, own, flagged, c.flagged_unlearn_margin)
+        rows = flagged
+        if c.flagged_unlearn_rows == "held":  # the held cohort only, not every flagged pair
+            rows = (
+                tr.state.held[b.loc.to(tr.device)] if hasattr(tr.state, "held") else torch.zeros_like(flagged)
+            )
+        terms["unlearn"] = flagged_unlearn_loss(tr, b, img, own, rows, c.flagged_unlearn_margin)
     return terms
