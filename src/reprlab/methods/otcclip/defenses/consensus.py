@@ -185,9 +185,9 @@ def update_flags(cfg, tr, epoch: int) -> dict:
             tr.state.held |= top
             tr.state.safe &= ~top
             stats["cohort_flagged"] = int(top.sum())
-        if (
-            trust
-        ):  # the most-supported trust_share of all pairs, among the unflagged, stay; the rest are flagged
+        # the trusted phase: the most-supported trust_share of all pairs, among the unflagged, stay; the rest are
+        # flagged
+        if trust:
             kept = flag_top(-score.masked_fill(~tr.state.safe, float("inf")), c.trust_share)
             tr.state.safe &= kept.to(tr.state.safe.device)
     flagged = ~tr.state.safe.cpu()
