@@ -478,3 +478,20 @@ def test_flagged_unlearn_in_the_step_reads_the_chosen_rows(rows):
     assert (
         sum(want) / len(want) > 0.25
     )  # 0.867 held, 0.289 flagged (the poisons' own captions are not theirs)
+
+
+def test_flag_options_without_what_they_act_through_are_refused_by_name():
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip.config import DefenseConfig
+    from reprlab.methods.otcclip.defenses import make_defense
+
+    for key, value in (("flag_vouch", "unflagged"), ("flag_cohort_start", 7), ("trust_epoch", 10),
+                       ("flagged_unlearn", 1.0)):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"defense\.{key} act only with a flag"):
+            make_defense("otcclip", DefenseConfig(**{key: value}))
+        make_defense("otcclip", DefenseConfig(flag="consensus", **{key: value}))  # with a flag: accepted
+    with pytest.raises(ConfigError, match="flagged_unlearn_rows=held needs a held cohort"):
+        make_defense(
+            "otcclip", DefenseConfig(flag="consensus", flagged_unlearn=1.0, flagged_unlearn_rows="held")
+        )
+    make_defense("otcclip", DefenseConfig(flagged_train="inmodal_all"))  # inert without a flag, as documented

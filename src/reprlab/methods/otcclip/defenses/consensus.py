@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
 from reprlab.methods.otcclip.defenses.losses import unimodal_loss
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
@@ -96,8 +97,9 @@ def cohort_scores(consensus: torch.Tensor, img: torch.Tensor, txt: torch.Tensor)
     its poisons show one feature whatever item they show, so they vouch for each other better than any concept's
     clean pairs do and fit their captions better too: the top of this score is that cohort, or, with no trigger
     learned, the best-learned clean pairs, which lose the least by leaving the cross-modal loss.
-    ``consensus (N,)`` from :func:`consensus_scores`; ``img``/``txt (N, d)`` unit rows."""
-    return ranks(-consensus) + ranks((img * txt).sum(1).to(consensus.device))
+    ``consensus (N,)`` from :func:`consensus_scores`; ``img``/``txt (N, d)`` unit rows. The consensus_fit score
+    with the support's rank in place of the mismatch's."""
+    return memorised_mismatch_scores(-consensus, img, txt)
 
 
 def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
@@ -139,6 +141,30 @@ def release_mask(score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, qua
     return back
 
 
+# the flag options and their off values (check_flag_options)
+_NEEDS_A_FLAG = {"flag_vouch": "all", "flag_cohort_start": -1, "trust_epoch": -1, "flagged_unlearn": 0.0}
+
+
+def check_flag_options(cfg) -> None:
+    """Refuse flag settings that cannot act as written (``cfg``: OTCCLIP's ``DefenseConfig``), with the keys."""
+    c = cfg
+    if c.flag == "none":
+        # flagged_train stays inert under flag='none' (the documented re-matching override sets it); these act
+        # only through a flag, so setting one without it is a mistake worth naming
+        unused = [f"defense.{k}" for k, off in _NEEDS_A_FLAG.items() if getattr(c, k) != off]
+        if unused:
+            raise ConfigError(f"{', '.join(unused)} act only with a flag; set defense.flag=consensus")
+        return
+    if c.flag_until < c.flag_start:
+        raise ConfigError(
+            f"defense.flag_until ({c.flag_until}) must be >= defense.flag_start ({c.flag_start})"
+        )
+    if c.flagged_unlearn_rows == "held" and c.flag_cohort_start < 0:
+        raise ConfigError(
+            "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
+        )
+
+
 @torch.no_grad()
 def update_flags(cfg, tr, epoch: int) -> dict:
     """OTCCLIP's epoch-start flag update (``cfg``: its ``DefenseConfig``; ``tr``: the trainer view): on flagging
@@ -177,8 +203,10 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         if release and tr.state.safe.any():
             back = release_mask(score, tr.state.safe, img, c.flag_release_quantile, c.flag_release_together,
                                 c.flag_duplicate_cos)  # fmt: skip
-            if hasattr(tr.state, "held"):
-                back &= ~tr.state.held
+            if (
+                held := getattr(tr.state, "held", None)
+            ) is not None:  # registered with flag_cohort_start only
+                back &= ~held
             tr.state.safe |= back
             stats["released"] = int(back.sum())
         if top is not None:  # after the release; a cohort member is held for the rest of training
@@ -269,10 +297,7 @@ def flag_terms(c, tr, b, img, own, flagged: torch.Tensor | None) -> dict[str, to
     elif flagged is not None and c.flagged_train == "inmodal":
         terms["inmodal"] = flagged_inmodal_loss(tr, b, img, own, flagged, c.unimodal_temperature)
     if flagged is not None and c.flagged_unlearn > 0:
-        rows = flagged
-        if c.flagged_unlearn_rows == "held":  # the held cohort only, not every flagged pair
-            rows = (
-                tr.state.held[b.loc.to(tr.device)] if hasattr(tr.state, "held") else torch.zeros_like(flagged)
-            )
+        # 'held': the held cohort only, not every flagged pair (check_flag_options: it needs flag_cohort_start)
+        rows = tr.state.held[b.loc.to(tr.device)] if c.flagged_unlearn_rows == "held" else flagged
         terms["unlearn"] = flagged_unlearn_loss(tr, b, img, own, rows, c.flagged_unlearn_margin)
     return terms

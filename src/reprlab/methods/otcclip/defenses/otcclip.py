@@ -28,7 +28,12 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.consensus import batch_flags, flag_terms, update_flags
+from reprlab.methods.otcclip.defenses.consensus import (
+    batch_flags,
+    check_flag_options,
+    flag_terms,
+    update_flags,
+)
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
@@ -64,10 +69,7 @@ class OTCCLIP(Defense):
         super().__init__(cfg)
         if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
             raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
-        if cfg.flag != "none" and cfg.flag_until < cfg.flag_start:
-            raise ConfigError(
-                f"defense.flag_until ({cfg.flag_until}) must be >= defense.flag_start ({cfg.flag_start})"
-            )
+        check_flag_options(cfg)
         # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
         self._fixed = None
 
