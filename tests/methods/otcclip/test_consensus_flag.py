@@ -495,3 +495,84 @@ def test_flag_options_without_what_they_act_through_are_refused_by_name():
             "otcclip", DefenseConfig(flag="consensus", flagged_unlearn=1.0, flagged_unlearn_rows="held")
         )
     make_defense("otcclip", DefenseConfig(flagged_train="inmodal_all"))  # inert without a flag, as documented
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1024])
+def test_neighbourhood_share_matches_the_written_out_count(chunk):
+    """Share of each row's k nearest images in the group, copies of its own image left out, by loops (float64)."""
+    from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
+
+    img, _, kind = _web_like(seed=3)  # ten copies of one image (kind 1): each other's duplicates
+    group = kind > 0
+    got = neighbourhood_share(img, group, k=6, duplicate_cos=0.999, chunk=chunk)
+    x = img.double()
+    for i in range(len(x)):
+        cand = [j for j in range(len(x)) if j != i and float(x[i] @ x[j]) <= 0.999]
+        cand.sort(key=lambda j: -float(x[i] @ x[j]))
+        want = sum(bool(group[j]) for j in cand[:6]) / 6
+        assert float(got[i]) == pytest.approx(want, abs=1e-6), i
+    assert float(got[kind == 1].max()) < 1.0  # the copies do not count each other
+
+
+def test_cohort_purity_keeps_a_learned_trigger_and_drops_a_clean_concepts_best_pairs():
+    """Five concepts of 40 images and 30 triggered images of any concept that share one trigger direction (a
+    learned trigger: the trigger dominates their features). A cohort of the 30 poisons and each concept's 4
+    most central images: the poisons are each other's nearest images, the central clean images have their
+    concept's other images around them, so the purity rule keeps exactly the poisons (seeds 0-5)."""
+    from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
+
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        c, trig = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+        y = torch.arange(5).repeat_interleave(40)
+        clean = c[y] + 0.7 * torch.randn(200, 16, generator=g)
+        poison = (
+            2.0 * trig
+            + 0.5 * c[torch.randint(0, 5, (30,), generator=g)]
+            + 0.3 * torch.randn(30, 16, generator=g)
+        )
+        img = F.normalize(torch.cat([clean, poison]), dim=-1)
+        central = (
+            (F.normalize(clean, dim=-1) * F.normalize(c[y], dim=-1)).sum(1).view(5, 40).topk(4, dim=1).indices
+        )
+        top = torch.zeros(230, dtype=torch.bool)
+        top[(central + 40 * torch.arange(5)[:, None]).flatten()] = True
+        top[200:] = True
+        kept = top & (neighbourhood_share(img, top, k=10) >= 0.6)
+        assert torch.equal(kept, torch.arange(230) >= 200), seed
+
+
+def test_flag_cohort_purity_holds_only_the_cohort_members_that_pass():
+    """Inside OTCCLIP: the held set is the cohort top share less the members whose nearest images are mostly
+    outside the cohort (this epoch's top or held before)."""
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores, neighbourhood_share
+
+    kw = dict(flag_start=5, flag_until=5, flag_k=3, flag_duplicate_cos=2.0, flag_cohort_start=0,
+              flag_cohort_share=0.5, flag_cohort_neighbours=4, flag_cohort_purity=0.5)  # fmt: skip
+    tr = _flagged_trainer(**kw)
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    top = flag_top(cohort_scores(consensus_scores(img, txt, 3, 2.0), img, txt), 0.5)
+
+    def kept(held):
+        return top & (neighbourhood_share(img, top | held, 4, 2.0) >= 0.5)
+
+    # a pair held at an earlier epoch counts as a cohort neighbour: pick one whose holding changes the verdict
+    row = next(
+        r for r in range(16) if not top[r] and not torch.equal(kept(torch.arange(16) == r), kept(top & False))
+    )
+    earlier = torch.arange(16) == row
+    want = kept(earlier)
+    assert want.any() and (top & ~want).any()  # the rule keeps some members and drops others here
+    tr.state.held[row] = True
+    stats = tr.impl.start_epoch(tr, 0, "otc")
+    assert stats["cohort_flagged"] == int(want.sum())
+    assert torch.equal(tr.state.held.cpu(), want | earlier)
+
+
+def test_flag_cohort_purity_without_a_cohort_is_refused():
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip.config import DefenseConfig
+    from reprlab.methods.otcclip.defenses import make_defense
+
+    with pytest.raises(ConfigError, match="flag_cohort_purity acts on a held cohort"):
+        make_defense("otcclip", DefenseConfig(flag="consensus", flag_cohort_purity=0.6))

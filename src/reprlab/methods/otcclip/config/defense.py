@@ -217,6 +217,21 @@ class DefenseConfig:
         default=0.05,
         metadata={"help": "[ours] see flag_cohort_start", "gt": 0, "lt": 1},
     )
+    flag_cohort_purity: float = field(
+        default=0.0,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A trigger is its own neighbourhood'] keep in the cohort only "
+            "pairs whose flag_cohort_neighbours nearest images (copies of their own image left out) are at least "
+            "this share cohort members (this epoch's or held): a trigger's images are each other's neighbours "
+            "whatever item they show, the best-learned pairs of a clean concept have the concept's other images "
+            "around them (0 = off; needs flag_cohort_start)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    flag_cohort_neighbours: int = field(
+        default=20, metadata={"help": "[ours] see flag_cohort_purity: how many nearest images", "ge": 1}
+    )
     trust_epoch: int = field(
         default=-1,
         metadata={

@@ -102,6 +102,32 @@ def cohort_scores(consensus: torch.Tensor, img: torch.Tensor, txt: torch.Tensor)
     return memorised_mismatch_scores(-consensus, img, txt)
 
 
+@torch.no_grad()
+def neighbourhood_share(
+    img: torch.Tensor, group: torch.Tensor, k: int = 20, duplicate_cos: float = 0.999, chunk: int = 1024
+) -> torch.Tensor:
+    """``flag_cohort_purity`` [ours; docs/otcclip_testbed.md, "A trigger is its own neighbourhood"]: for each pair,
+    the share of its ``k`` nearest images (cosine of ``img (N, d)`` unit rows) that are in ``group bool (N,)``,
+    leaving out near-duplicates of its own image (cosine above ``duplicate_cos``) -> ``(N,)``. Once a trigger is
+    learned, its images' nearest images are the other triggered images, whatever item each shows; a clean
+    concept's best-learned pairs have the concept's other, unflagged images around them."""
+    n = len(img)
+    k = min(k, n - 1)
+    out = torch.zeros(n, dtype=torch.float32, device=img.device)
+    if k < 1:
+        return out
+    group = group.to(img.device)
+    for s in range(0, n, chunk):
+        rows = torch.arange(s, min(s + chunk, n), device=img.device)
+        sim = img[rows] @ img.T
+        dup = sim > duplicate_cos
+        dup[torch.arange(len(rows)), rows] = True
+        val, nn = sim.masked_fill(dup, float("-inf")).topk(k, dim=1)
+        ok = torch.isfinite(val)
+        out[rows] = (group[nn] & ok).sum(1).float() / ok.sum(1).clamp(min=1)
+    return out
+
+
 def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
     """``bool (N,)``: the ``round(share * N)`` highest scores (ties broken by index, so it is deterministic)."""
     n = len(scores)
@@ -163,6 +189,8 @@ def check_flag_options(cfg) -> None:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
         )
+    if c.flag_cohort_purity > 0 and c.flag_cohort_start < 0:
+        raise ConfigError("defense.flag_cohort_purity acts on a held cohort: set defense.flag_cohort_start")
 
 
 @torch.no_grad()
@@ -192,6 +220,11 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         top = cohort_scores(score, img, txt) if cohort else None
         if top is not None:
             top = flag_top(top, c.flag_cohort_share)
+            if c.flag_cohort_purity > 0:
+                # a trigger's cohort is its own neighbourhood (this epoch's top or already held)
+                group = (top | tr.state.held).to(img.device)
+                share = neighbourhood_share(img, group, c.flag_cohort_neighbours, c.flag_duplicate_cos)
+                top &= (share >= c.flag_cohort_purity).to(top.device)
         if flags:
             # consensus_fit flags by fit as well; the release below reads consensus alone, because a flagged
             # pair stops training across modalities and so loses its fit whatever it is
