@@ -576,3 +576,29 @@ def test_flag_cohort_purity_without_a_cohort_is_refused():
 
     with pytest.raises(ConfigError, match="flag_cohort_purity acts on a held cohort"):
         make_defense("otcclip", DefenseConfig(flag="consensus", flag_cohort_purity=0.6))
+
+
+def test_flag_cohort_persist_holds_a_pair_only_after_that_many_cohort_epochs_in_a_row():
+    """persist=2: the first cohort epoch holds nothing (each top member's streak is 1), the second holds the
+    members that were in the top both times; a pair out of the top at a cohort epoch starts again from 0. The
+    streak is trainer state, so a resumed run continues it."""
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores
+
+    kw = dict(flag_start=5, flag_until=5, flag_k=3, flag_duplicate_cos=2.0, flag_cohort_start=0,
+              flag_cohort_epochs=3, flag_cohort_share=0.25, flag_cohort_persist=2)  # fmt: skip
+    tr = _flagged_trainer(**kw)
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    top = flag_top(cohort_scores(consensus_scores(img, txt, 3, 2.0), img, txt), 0.25)
+    stats = tr.impl.start_epoch(tr, 0, "otc")
+    assert stats["cohort_flagged"] == 0 and not tr.state.held.any() and tr.state.safe.all()
+    assert torch.equal(tr.state.streak.cpu(), top.long())
+    resumed = _flagged_trainer(**kw)
+    for k, m in resumed.modules().items():
+        m.load_state_dict(tr.modules()[k].state_dict())
+    tr.state.streak[~top.to(tr.state.streak.device)] = 5  # out of the top now: must restart at 0
+    for t in (tr, resumed):
+        stats = t.impl.start_epoch(t, 1, "otc")  # the same model: the same top, in it twice in a row
+        assert stats["cohort_flagged"] == int(top.sum()) and torch.equal(t.state.held.cpu(), top)
+        assert torch.equal(t.state.streak.cpu(), 2 * top.long())
+    with pytest.raises(Exception, match="flag_cohort_persist acts on a held cohort"):
+        _flagged_trainer(flag_cohort_persist=2)

@@ -232,6 +232,16 @@ class DefenseConfig:
     flag_cohort_neighbours: int = field(
         default=20, metadata={"help": "[ours] see flag_cohort_purity: how many nearest images", "ge": 1}
     )
+    flag_cohort_persist: int = field(
+        default=1,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A trigger is its own neighbourhood'] hold a cohort pair only "
+            "once it has been in the cohort (after flag_cohort_purity) at this many cohort epochs in a row: a "
+            "learned trigger stays in the cohort epoch after epoch, a clean concept's best pairs enter it in "
+            "bursts (1 = at once; needs flag_cohort_start)",
+            "ge": 1,
+        },
+    )
     trust_epoch: int = field(
         default=-1,
         metadata={

@@ -189,8 +189,9 @@ def check_flag_options(cfg) -> None:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
         )
-    if c.flag_cohort_purity > 0 and c.flag_cohort_start < 0:
-        raise ConfigError("defense.flag_cohort_purity acts on a held cohort: set defense.flag_cohort_start")
+    for key, off in (("flag_cohort_purity", 0.0), ("flag_cohort_persist", 1)):
+        if getattr(c, key) != off and c.flag_cohort_start < 0:
+            raise ConfigError(f"defense.{key} acts on a held cohort: set defense.flag_cohort_start")
 
 
 @torch.no_grad()
@@ -225,6 +226,11 @@ def update_flags(cfg, tr, epoch: int) -> dict:
                 group = (top | tr.state.held).to(img.device)
                 share = neighbourhood_share(img, group, c.flag_cohort_neighbours, c.flag_duplicate_cos)
                 top &= (share >= c.flag_cohort_purity).to(top.device)
+            if c.flag_cohort_persist > 1:
+                # a learned trigger stays in the cohort epoch after epoch; a clean concept's best pairs come and go
+                streak = tr.state.streak
+                streak.copy_(torch.where(top.to(streak.device), streak + 1, torch.zeros_like(streak)))
+                top = (streak >= c.flag_cohort_persist).to(top.device)
         if flags:
             # consensus_fit flags by fit as well; the release below reads consensus alone, because a flagged
             # pair stops training across modalities and so loses its fit whatever it is

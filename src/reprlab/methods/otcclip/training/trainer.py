@@ -50,11 +50,13 @@ class _State(nn.Module):
     """Per-pair trainer state kept in checkpoints (SafeCLIP's and OTCCLIP's safe mask; with ``held``, OTCCLIP's
     ``flag_cohort`` pairs, which are never released)."""
 
-    def __init__(self, n: int, held: bool = False):
+    def __init__(self, n: int, held: bool = False, streak: bool = False):
         super().__init__()
         self.register_buffer("safe", torch.ones(n, dtype=torch.bool))
         if held:  # only then: checkpoints of runs without the cohort flag keep their keys
             self.register_buffer("held", torch.zeros(n, dtype=torch.bool))
+        if streak:  # flag_cohort_persist > 1: cohort epochs in a row each pair has passed
+            self.register_buffer("streak", torch.zeros(n, dtype=torch.int64))
 
 
 class Trainer:
@@ -96,7 +98,8 @@ class Trainer:
         self.ids, self.mask = tokenizer.encode(data.captions, self.max_len)
         self.poison = data.kind != 0
         held = defense_cfg.flag != "none" and defense_cfg.flag_cohort_start >= 0
-        self.state = _State(len(data), held=held).to(self.device)
+        streak = held and defense_cfg.flag_cohort_persist > 1
+        self.state = _State(len(data), held=held, streak=streak).to(self.device)
         if train.batch_size > len(data):
             raise ValueError(f"batch_size {train.batch_size} exceeds the {len(data)} training pairs")
         self.steps_per_epoch = len(data) // train.batch_size
