@@ -177,9 +177,16 @@ def check_flag_options(cfg) -> None:
     if c.flag == "none":
         # flagged_train stays inert under flag='none' (the documented re-matching override sets it); these act
         # only through a flag, so setting one without it is a mistake worth naming
-        unused = [f"defense.{k}" for k, off in _NEEDS_A_FLAG.items() if getattr(c, k) != off]
+        unused = [k for k, off in _NEEDS_A_FLAG.items() if getattr(c, k) != off]
         if unused:
-            raise ConfigError(f"{', '.join(unused)} act only with a flag; set defense.flag=consensus")
+            names = ", ".join(f"defense.{k}" for k in unused)
+            offs = " ".join(
+                f"defense.{k}={_NEEDS_A_FLAG[k]:g}" if k != "flag_vouch" else f"defense.{k}=all"
+                for k in unused
+            )
+            raise ConfigError(
+                f"{names} act only with a flag; set defense.flag=consensus, or turn them off: {offs}"
+            )
         return
     if c.flag_until < c.flag_start:
         raise ConfigError(
