@@ -57,19 +57,26 @@ def consensus_scores(
     k = min(k, n - 1)
     query, agree = (txt, img) if side == "text" else (img, txt)
     out = torch.empty(n, dtype=img.dtype, device=img.device)
+    for rows, nn, ok in _nearest(query, img, k, duplicate_cos, chunk, voters):
+        agreement = (agree[rows, None, :] * agree[nn]).sum(-1)
+        out[rows] = -(agreement * ok).sum(1) / ok.sum(1).clamp(min=1)
+    return out
+
+
+def _nearest(query, img, k: int, duplicate_cos: float, chunk: int, voters: torch.Tensor | None = None):
+    """Yield ``(rows, nn, ok)`` per chunk of ``chunk`` rows: ``nn (rows, k)`` the ``k`` nearest pairs by ``query
+    (N, d)`` cosine, never the pair itself nor a near-duplicate of its image (``img (N, d)`` cosine above
+    ``duplicate_cos``) nor a non-voter; ``ok (rows, k)`` False where fewer than ``k`` were eligible."""
+    n = len(query)
     for s in range(0, n, chunk):
-        rows = torch.arange(s, min(s + chunk, n), device=img.device)
+        rows = torch.arange(s, min(s + chunk, n), device=query.device)
         sim = query[rows] @ query.T
         dup = img[rows] @ img.T > duplicate_cos
         dup[torch.arange(len(rows)), rows] = True  # a pair is never its own neighbour
         if voters is not None:
             dup |= ~voters[None, :]
-        sim = sim.masked_fill(dup, float("-inf"))
-        val, nn = sim.topk(k, dim=1)
-        ok = torch.isfinite(val)
-        agreement = (agree[rows, None, :] * agree[nn]).sum(-1)
-        out[rows] = -(agreement * ok).sum(1) / ok.sum(1).clamp(min=1)
-    return out
+        val, nn = sim.masked_fill(dup, float("-inf")).topk(k, dim=1)
+        yield rows, nn, torch.isfinite(val)
 
 
 def ranks(x: torch.Tensor) -> torch.Tensor:
@@ -117,13 +124,7 @@ def neighbourhood_share(
     if k < 1:
         return out
     group = group.to(img.device)
-    for s in range(0, n, chunk):
-        rows = torch.arange(s, min(s + chunk, n), device=img.device)
-        sim = img[rows] @ img.T
-        dup = sim > duplicate_cos
-        dup[torch.arange(len(rows)), rows] = True
-        val, nn = sim.masked_fill(dup, float("-inf")).topk(k, dim=1)
-        ok = torch.isfinite(val)
+    for rows, nn, ok in _nearest(img, img, k, duplicate_cos, chunk):
         out[rows] = (group[nn] & ok).sum(1).float() / ok.sum(1).clamp(min=1)
     return out
 
@@ -180,10 +181,7 @@ def check_flag_options(cfg) -> None:
         unused = [k for k, off in _NEEDS_A_FLAG.items() if getattr(c, k) != off]
         if unused:
             names = ", ".join(f"defense.{k}" for k in unused)
-            offs = " ".join(
-                f"defense.{k}={_NEEDS_A_FLAG[k]:g}" if k != "flag_vouch" else f"defense.{k}=all"
-                for k in unused
-            )
+            offs = " ".join(f"defense.{k}={_NEEDS_A_FLAG[k]}" for k in unused)
             raise ConfigError(
                 f"{names} act only with a flag; set defense.flag=consensus, or turn them off: {offs}"
             )
