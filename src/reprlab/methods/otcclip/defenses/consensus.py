@@ -190,13 +190,16 @@ def check_flag_options(cfg) -> None:
         raise ConfigError(
             f"defense.flag_until ({c.flag_until}) must be >= defense.flag_start ({c.flag_start})"
         )
-    if c.flagged_unlearn_rows == "held" and c.flag_cohort_start < 0:
+    if c.flagged_unlearn > 0 and c.flagged_unlearn_rows == "held" and c.flag_cohort_start < 0:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
         )
     for key, off in (("flag_cohort_purity", 0.0), ("flag_cohort_persist", 1)):
         if getattr(c, key) != off and c.flag_cohort_start < 0:
-            raise ConfigError(f"defense.{key} acts on a held cohort: set defense.flag_cohort_start")
+            raise ConfigError(
+                f"defense.{key} acts on a held cohort: set defense.flag_cohort_start, or turn it off: "
+                f"defense.{key}={off}"
+            )
 
 
 @torch.no_grad()
