@@ -1,5 +1,6 @@
 """otcclip-mosaic-tiny end to end on a miniature config: summary keys, report, resume from stages/checkpoints."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -183,7 +184,8 @@ def test_otcclip_tiny_calibration_claims_give_known_verdicts():
     results = {d: dict(zip(metrics, v)) for d, v in rows.items()}
     summary = {f"{d}.{m}": v for d, r in results.items() for m, v in r.items()}
     summary.update(paired_differences(results))
-    assert {k.removesuffix(".ci_hi") for c in claims for k in c.keys} <= set(summary)
+    oracle = {"oracle.asr_targeted", "oracle.asr_backdoor"}  # opt-in: the floor claim is n/a without it
+    assert {k.removesuffix(".ci_hi") for c in claims for k in c.keys} - oracle <= set(summary)
     verdicts = {r.claim.name: r.holds for r in evaluate_claims(claims, summary)}
     assert verdicts == {
         "undefended_targeted_attacked": True,
@@ -197,11 +199,18 @@ def test_otcclip_tiny_calibration_claims_give_known_verdicts():
         "roclip_probe_ci": None,
         "safeclip_accuracy_ci": None,
         "otcclip_defends": True,
+        "otcclip_defends_to_the_floor": None,  # the oracle did not run
         "otcclip_zero_shot_best": True,
         "otcclip_linear_probe_best": True,
         "otcclip_keeps_zero_shot": True,
         "otcclip_best_ci": None,
     }
+    # with the poison-free oracle: 0.05 over its backdoor floor holds, 0.06 over does not
+    for otc_backdoor, holds in ((0.05, True), (0.08, False)):
+        run = dict(summary, **{"oracle.asr_targeted": 0.0, "oracle.asr_backdoor": 0.02})
+        run["otcclip.asr_backdoor"] = otc_backdoor
+        verdict = {r.claim.name: r.holds for r in evaluate_claims(claims, run)}
+        assert verdict["otcclip_defends_to_the_floor"] is holds
 
 
 def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
@@ -235,6 +244,7 @@ def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_pat
     ]
     cfg = load_config(recipe.Config, spec["config"], [*mini, *extra])
     assert cfg.data.testbed == "fashion_web" and cfg.defenses == (*DEFAULT_DEFENSES, "cleanclip")
+    cfg = dataclasses.replace(cfg, defenses=(*cfg.defenses, "oracle"))  # and the floor claim's reference
     run = Run.create(tmp_path / "r", cfg, "otcclip-tiny", quiet=True)
     summary = recipe.run(cfg, run)
     for d in cfg.defenses:

@@ -59,6 +59,22 @@ def test_declared_poison_and_noise_counts(bed):
     assert bed.eval_set.images.shape == (50, 1, 56, 56) and bed.targets.images.shape == (2, 1, 56, 56)
 
 
+def test_poison_free_control_keeps_the_targets_and_clean_pairs(bed):
+    """The matched null (no poison pairs) is the same testbed without the attacker's rows: the same
+    targets to score, and the clean pairs the backdoor would have overwritten keep their own captions."""
+    from dataclasses import replace
+
+    null = build_testbed(replace(CFG, captions_per_target=0, backdoor_pairs=0), 0)
+    assert len(null.pairs) == 400 and bool((null.pairs.kind == 0).all())
+    assert torch.equal(null.targets.images, bed.targets.images)
+    assert torch.equal(null.targets.target, bed.targets.target)
+    clean = bed.pairs.kind[:400] == 0
+    assert torch.equal(null.pairs.images[:400][clean], bed.pairs.images[:400][clean])
+    assert [c for c, k in zip(null.pairs.captions, clean.tolist()) if k] == [
+        c for c, k in zip(bed.pairs.captions[:400], clean.tolist()) if k
+    ]
+
+
 def test_many_images_per_concept(web):
     counts = np.bincount(web.labels.numpy(), minlength=10)
     assert counts.min() >= 20  # 400 items over 10 classes: ~40 each, every concept seen many times

@@ -37,6 +37,19 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.captions)
 
+    def select(self, rows: torch.Tensor) -> PairSet:
+        """The pairs at ``rows`` (``bool (N,)`` or indices), provenance kept."""
+        index = torch.nonzero(rows).flatten() if rows.dtype == torch.bool else rows
+        return PairSet(
+            self.images[index],
+            [self.captions[i] for i in index.tolist()],
+            self.kind[index],
+            self.sig[index],
+            self.image_id[index],
+            self.class_names,
+            dict(self.skipped),
+        )
+
     def __post_init__(self):
         n = len(self.captions)
         if n == 0:

@@ -76,7 +76,7 @@ def add_targeted(
         # tiny corpus a caption listing four items carries too little of the target class to poison with
         pool = [pool[i] for i in rng.permutation(len(pool))]
         pool.sort(key=lambda i: sum(mentions(pairs.captions[i], c) for c in pairs.class_names))
-        chosen = np.asarray(pool[:n_captions])
+        chosen = np.asarray(pool[:n_captions], dtype=np.int64)
         new_images.append(targets.images[t : t + 1].expand(n_captions, -1, -1, -1))
         new_caps += [pairs.captions[i] for i in chosen]
         new_sig.append(pairs.sig[torch.as_tensor(chosen)])

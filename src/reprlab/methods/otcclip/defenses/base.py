@@ -117,6 +117,8 @@ class Defense:
     # some phase's step leaves parameters without gradient (RoCLIP's matched text, SafeCLIP's unimodal
     # phase without the logit scale): DDP must then look for unused parameters every step
     partial_grad: ClassVar[bool] = False
+    # trains on the pairs not marked as poisons only: a reference model, not a defense (the oracle)
+    poison_free: ClassVar[bool] = False
 
     def __init__(self, cfg: DefenseConfig):
         self.cfg = cfg

@@ -10,6 +10,7 @@ import torch
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.testbed import Testbed
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
+from reprlab.methods.otcclip.defenses import REGISTRY
 from reprlab.methods.otcclip.evaluation.concept import nn_concept_match
 from reprlab.methods.otcclip.evaluation.testbed import evaluate_testbed
 from reprlab.methods.otcclip.models.build import build_model
@@ -93,12 +94,13 @@ def train_defense(defense: str, cfg: Config, run: Run, bed: Testbed, tok: WordTo
     torch.manual_seed(cfg.seed)  # same initial weights for every defense
     channels = bed.pairs.images.shape[1]
     model = build_model(cfg.model, len(tok), channels).to(run.device)
+    pairs = bed.pairs.select(bed.pairs.kind == 0) if REGISTRY[defense].poison_free else bed.pairs
     trainer = Trainer(
-        model, bed.pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist, clean=bed.clean
+        model, pairs, tok, defense, cfg.train, cfg.defense, cfg.seed, dist=dist, clean=bed.clean
     )
     final = fit(defense, cfg, run, trainer, model, tok, bed)
     final["nn_concept_match"] = concept_match(model, tok, trainer, bed, cfg)
-    examples = [dict(e, image=bed.pairs.images[e["index"]].tolist()) for e in trainer.examples]
+    examples = [dict(e, image=pairs.images[e["index"]].tolist()) for e in trainer.examples]
     return {"metrics": final, "examples": examples}
 
 

@@ -37,6 +37,11 @@ def preflight(cfg: Config) -> None:
     d = cfg.defense
     if streaming(cfg) and "otcclip" in cfg.defenses and (opts := whole_set_options(d)):
         raise ConfigError(f"{', '.join(opts)} works with the in-memory trainer only, not with a stream")
+    if streaming(cfg) and (free := [n for n in cfg.defenses if n in REGISTRY and REGISTRY[n].poison_free]):
+        raise ConfigError(
+            f"defense {free[0]!r} trains on the pairs not marked as poisons and works with the in-memory testbed "
+            "only, not with a stream; remove it from defenses"
+        )
     user_data_checks(cfg)
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(

@@ -21,7 +21,7 @@ SUMMARY_KINDS = {"*.zeroshot_acc": "proportion", "*.linear_probe_acc": "proporti
                  "audit.precision*": "proportion", "audit.recall": "proportion"}  # fmt: skip
 HEADLINE = Headline(
     rows=(("none (undefended)", "none"), ("RoCLIP-style", "roclip"), ("SafeCLIP-style", "safeclip"),
-          ("CleanCLIP-style", "cleanclip"), ("OTCCLIP", "otcclip")),
+          ("CleanCLIP-style", "cleanclip"), ("OTCCLIP", "otcclip"), ("poison-free oracle", "oracle")),
     cols=(("zero-shot accuracy", "zeroshot_acc"), ("linear-probe accuracy", "linear_probe_acc"),
           ("targeted ASR", "asr_targeted"), ("backdoor ASR", "asr_backdoor")),
     pattern="{row}.{col}", corner="defense", caption="Clean accuracy (higher is better) and attack success (lower)")  # fmt: skip
