@@ -200,6 +200,21 @@ class DefenseConfig:
             "choices": ["all", "unflagged"],
         },
     )
+    copies_weight: bool = field(
+        default=False,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'Copies count once'] a pair whose image has c copies in the "
+            "training set (copies_hash; itself included) weighs 1/c in the CLIP and inter-OT terms from the first "
+            "step: one image repeated with many captions (a targeted poison) weighs one pair, as after dedup"
+        },
+    )
+    copies_hash: int = field(
+        default=16,
+        metadata={
+            "help": "[ours] see copies_weight: the average-hash grid copies are found by (0 = exact pixels)",
+            "ge": 0,
+        },
+    )
     flag_cohort_start: int = field(
         default=-1,
         metadata={
@@ -381,7 +396,7 @@ class DefenseConfig:
 def whole_set_options(cfg: DefenseConfig) -> list[str]:
     """The [ours] options (``key=value``) that key on training-pair indices, i.e. positions in the whole training
     set: ``match_schedule='epoch_start'`` re-matches every pair, ``own_negatives`` and ``reassigned_weight``
-    compare the pair a caption came from with the image's own, ``flag`` scores every pair. A streaming trainer indexes its current window
+    compare the pair a caption came from with the image's own, ``flag`` scores every pair, ``copies_weight`` counts copies over the whole set. A streaming trainer indexes its current window
     only, so these need the in-memory trainer (checked at preflight and by the defense)."""
     out = []
     if cfg.match_schedule == "epoch_start":
@@ -392,4 +407,6 @@ def whole_set_options(cfg: DefenseConfig) -> list[str]:
         out.append(f"defense.reassigned_weight={cfg.reassigned_weight:g}")
     if cfg.flag != "none":
         out.append(f"defense.flag={cfg.flag}")
+    if cfg.copies_weight:
+        out.append("defense.copies_weight=true")
     return out

@@ -34,6 +34,7 @@ from reprlab.methods.otcclip.defenses.consensus import (
     flag_terms,
     update_flags,
 )
+from reprlab.methods.otcclip.defenses.copies import CopyWeights
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
     PoolRows,
@@ -70,8 +71,8 @@ class OTCCLIP(Defense):
         if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
             raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
         check_flag_options(cfg)
-        # the epoch-start assignment (match_schedule='epoch_start'), set per matching epoch
-        self._fixed = None
+        self._fixed = None  # the epoch-start assignment (match_schedule='epoch_start'), per matching epoch
+        self.copies = CopyWeights(cfg.copies_hash)  # copies_weight's per-pair weights, computed on first use
 
     def phase(self, epoch: int) -> str:
         return "otc_match" if self.cfg.rematch and self.is_match_epoch(epoch) else "otc"
@@ -361,12 +362,12 @@ class OTCCLIP(Defense):
             tr.enqueue(b.ids1, b.mask1, txt, b.loc)
         own = txt if assignment is None else own_grad  # the own captions' features with gradient, if any
         neg = self._negative_mask(tr, b, self._assigned_loc)
-        row_w = None
-        if (
-            assignment is not None and c.reassigned_weight != 1.0
-        ):  # [ours] re-assigned = another pair's caption
+        row_w = self.copies.rows(tr, b.idx) if c.copies_weight else None
+        # [ours] re-assigned: another pair's caption
+        if assignment is not None and c.reassigned_weight != 1.0:
             moved = all_gather_nograd(self._assigned_loc) != b.idx.to(tr.device)
-            row_w = torch.where(moved, c.reassigned_weight, 1.0).to(img.global_.dtype)
+            moved_w = torch.where(moved, c.reassigned_weight, 1.0).to(img.global_.dtype)
+            row_w = moved_w if row_w is None else row_w * moved_w
         flagged = batch_flags(tr, b) if c.flag != "none" else None
         if flagged is not None:
             keep = ~flagged if keep is None else keep & ~flagged
@@ -386,8 +387,7 @@ class OTCCLIP(Defense):
         return StepOutput(loss, {k: float(v.detach()) for k, v in terms.items()}, assignment)
 
     def _note_loss_ot(self, tr, b: Batch, err: float) -> None:
-        """Track the epoch's largest loss-OT marginal error; warn once, at the epoch's last step, when it is
-        above ``ot.loss_tol`` (the trainer logs the per-step values as ``loss_ot_marginal_error``)."""
+        """Warn once, at an epoch's last step, when its largest loss-OT marginal error is above ``ot.loss_tol``."""
         worst = err if b.step == 0 else max(err, getattr(self, "_loss_ot_worst", 0.0))
         self._loss_ot_worst = worst
         tol, last = self.cfg.ot.loss_tol, getattr(tr, "steps_per_epoch", None)
