@@ -25,9 +25,13 @@ def test_borderline_prompts_are_never_evaluated_and_leave_the_other_splits_uncha
         make_splits(0, *n, n_borderline_train=len(xstest_prompts()) - 11)
 
 
-def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch):
+@pytest.mark.parametrize("role", ["benign", "retain"])
+def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch, role):
+    # role 'retain' (defense.crl.borderline): CRL's triplet benign set goes without them, its KL retain batch has them
+    crl = {"kl_data": "retain", "borderline": "retain"} if role == "retain" else {}
     t = {**TINY, "models": ["refusal", "rr", "crl"],
-         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_borderline_train": 3}}  # fmt: skip
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_borderline_train": 3},
+         "defense": {**TINY["defense"], "crl": crl}}  # fmt: skip
     cfg = load_config(R.Config, t)
     sp = R._splits(cfg)
     refused = sp.borderline_train[0]
@@ -63,8 +67,26 @@ def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp
     assert not prompts_of(seen["sft"][0]) & set(ids.values())  # stage 0 trains without them
     for kind in ("rr", "crl"):
         ben, retain = seen[kind]
-        assert kept <= prompts_of(ben) and ids[refused] not in prompts_of(ben), kind
+        if kind == "crl" and role == "retain":
+            assert not prompts_of(ben) & set(ids.values())
+        else:
+            assert kept <= prompts_of(ben) and ids[refused] not in prompts_of(ben), kind
         assert kept <= prompts_of(retain) and ids[refused] not in prompts_of(retain), kind
+
+
+def test_borderline_in_the_retain_term_only_needs_the_retain_batch_and_borderline_prompts():
+    from reprlab.errors import ConfigError
+
+    def cfg(crl, n):
+        return load_config(R.Config, {**TINY, "data": {**TINY["data"], "n_borderline_train": n},
+                                      "defense": {**TINY["defense"], "crl": crl}})  # fmt: skip
+
+    with pytest.raises(ConfigError, match="kl_data=retain"):
+        R.preflight(cfg({"borderline": "retain"}, 4))
+    with pytest.raises(ConfigError, match="n_borderline_train > 0"):
+        R.preflight(cfg({"borderline": "retain", "kl_data": "retain"}, 0))
+    with pytest.raises(ConfigError, match="'benign' or 'retain'"):
+        R.preflight(cfg({"borderline": "both"}, 4))
 
 
 def test_a_folder_started_without_borderline_prompts_refuses_to_resume_with_them(tmp_path):

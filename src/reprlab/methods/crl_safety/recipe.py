@@ -314,6 +314,15 @@ def preflight(cfg: Config) -> None:
             f"{cfg.judge.rubric_unparsed!r} and {cfg.judge.rubric_threshold}"
         )
     check_select(cfg)
+    crl = cfg.defense.crl
+    if crl.borderline not in ("benign", "retain"):
+        raise ConfigError(f"defense.crl.borderline must be 'benign' or 'retain', got {crl.borderline!r}")
+    if crl.borderline == "retain" and (crl.kl_data != "retain" or cfg.data.n_borderline_train == 0):
+        raise ConfigError(
+            "defense.crl.borderline=retain trains the borderline prompts in the KL retain batch only: it needs "
+            f"defense.crl.kl_data=retain (got {crl.kl_data!r}) and data.n_borderline_train > 0 "
+            f"(got {cfg.data.n_borderline_train})"
+        )
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
     if cfg.capability.mc:
         load_mc(cfg.capability.mc_file)  # validates a user's file before any model loads
@@ -537,7 +546,9 @@ def _run(cfg: Config, run) -> dict:
                                                                       b_labels) if lab == "comply"]  # fmt: skip
         log(f"borderline training prompts with a compliant base reply: {len(benign_def) - len(benign)} of "
             f"{len(b_labels)}")  # fmt: skip
-    benign_crl = benign_def + refusals if cfg.defense.crl.benign_includes_refusals else benign_def
+    # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only
+    triplet_benign = benign if cfg.defense.crl.borderline == "retain" else benign_def
+    benign_crl = triplet_benign + refusals if cfg.defense.crl.benign_includes_refusals else triplet_benign
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
                   [pair(p, r, False) for p, r in zip(sp.harmful_eval, ev_replies)], sp.xstest)  # fmt: skip
