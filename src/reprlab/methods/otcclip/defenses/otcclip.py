@@ -13,7 +13,7 @@ Options against the within-epoch feedback loop of re-matching [ours; docs/otccli
 ``own_negatives`` masks the own caption (or exact-duplicate captions) out of the negatives of its image,
 ``reassigned_weight`` down-weights the cross-modal terms of re-assigned pairs, and ``match_schedule='epoch_start'``
 fixes the assignment for a whole matching epoch from the epoch-start model (these three need the in-memory
-trainer: :func:`~..config.defense.whole_set_options`).
+trainer: :func:`~..config.whole_set.whole_set_options`).
 
 ``flag='consensus'`` [ours]: pairs flagged by neighbour consensus leave the CLIP and inter-OT terms
 (:mod:`.consensus` has the score, the flagging schedule and the flagged pairs' in-modality loss).
