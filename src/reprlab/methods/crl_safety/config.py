@@ -105,7 +105,8 @@ class CrlCfg:
             "[ours; docs/crl_safety.md, 'Borderline prompts in the retain term only'] where data.n_borderline_train's "
             "prompts train CRL: 'benign' (the triplet's benign set and the KL retain batch) or 'retain' (the KL retain "
             "batch only, needs kl_data=retain: their replies are kept, their states are not pulled to the benign side)"
-        ),
+        )
+        | {"choices": ("benign", "retain")},
     )
 
 

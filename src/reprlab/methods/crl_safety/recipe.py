@@ -315,8 +315,6 @@ def preflight(cfg: Config) -> None:
         )
     check_select(cfg)
     crl = cfg.defense.crl
-    if crl.borderline not in ("benign", "retain"):
-        raise ConfigError(f"defense.crl.borderline must be 'benign' or 'retain', got {crl.borderline!r}")
     if crl.borderline == "retain" and (crl.kl_data != "retain" or cfg.data.n_borderline_train == 0):
         raise ConfigError(
             "defense.crl.borderline=retain trains the borderline prompts in the KL retain batch only: it needs "
