@@ -602,3 +602,65 @@ def test_flag_cohort_persist_holds_a_pair_only_after_that_many_cohort_epochs_in_
         assert torch.equal(t.state.streak.cpu(), 2 * top.long())
     with pytest.raises(Exception, match="flag_cohort_persist acts on a held cohort"):
         _flagged_trainer(flag_cohort_persist=2)
+
+
+def test_cohort_grow_reaches_a_held_triggers_other_poisons_and_no_scattered_clean_pair():
+    """A learned trigger of which only some poisons are held (half of them) and
+    two stray clean pairs held with it: the unheld poisons have held poisons among their nearest images, the
+    clean images do not (at most the two strays), so growing at a share of 0.3 adds exactly the other poisons
+    (seeds 0-5)."""
+    from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
+
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        c, trig = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+        y = torch.arange(5).repeat_interleave(40)
+        clean = c[y] + 0.7 * torch.randn(200, 16, generator=g)
+        poison = (
+            2.0 * trig
+            + 0.5 * c[torch.randint(0, 5, (30,), generator=g)]
+            + 0.3 * torch.randn(30, 16, generator=g)
+        )
+        img = F.normalize(torch.cat([clean, poison]), dim=-1)
+        held = torch.zeros(230, dtype=torch.bool)
+        held[200:215] = True  # half the poisons
+        held[[3, 77]] = True  # two stray clean pairs of different concepts
+        grown = ~held & (neighbourhood_share(img, held, k=10) >= 0.3)
+        assert torch.equal(grown, torch.arange(230) >= 215), seed
+
+
+def test_flag_cohort_grow_holds_the_pairs_whose_nearest_images_are_held():
+    """Inside OTCCLIP (planted data: each class's images are one feature, so a class's images are each other's
+    nearest): with two of a three-image class held by hand, the third has both its 2 nearest images held and is
+    grown; every other image's 2 nearest are of its own class, so no other pair is. The held set after the epoch
+    is the earlier one, the cohort's top share and the grown pair, written out with ``neighbourhood_share``. Two
+    images of another three-image class are flagged, not held: they do not grow their class's third. Broken on
+    purpose (the grown pairs not held; the share taken over flagged as well as held pairs) it fails."""
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores, neighbourhood_share
+
+    kw = dict(flag_start=5, flag_until=5, flag_k=3, flag_duplicate_cos=2.0, flag_cohort_start=0,
+              flag_cohort_share=1 / 16, flag_cohort_neighbours=2, flag_cohort_grow=0.5)  # fmt: skip
+    tr = _flagged_trainer(**kw)
+    img, txt = embed_images(tr.model, tr.data.images), embed_texts(tr.model, tr.ids, tr.mask)
+    top = flag_top(cohort_scores(consensus_scores(img, txt, 3, 2.0), img, txt), 1 / 16)
+    cls = image_class(tr.data).cpu()
+    pick, other = [k for k in cls.unique() if (cls == k).sum() == 3 and not top[cls == k].any()][:2]
+    flagged = torch.zeros(16, dtype=torch.bool)
+    flagged[torch.nonzero(cls == other).flatten()[:2]] = True
+    earlier = torch.zeros(16, dtype=torch.bool)
+    earlier[torch.nonzero(cls == pick).flatten()[:2]] = True
+    grow = ~earlier & (neighbourhood_share(img, earlier, 2, 2.0) >= 0.5)
+    assert torch.equal(grow, (cls == pick) & ~earlier)  # the known answer: the class's other images
+    tr.state.held[earlier.to(tr.state.held.device)] = True
+    tr.state.safe[(earlier | flagged).to(tr.state.safe.device)] = False  # held pairs are flagged too
+    stats = tr.impl.start_epoch(tr, 0, "otc")
+    assert stats["cohort_grow"] == int((grow & ~top).sum()) > 0
+    assert torch.equal(tr.state.held.cpu(), earlier | top | grow)
+    assert not tr.state.safe.cpu()[earlier | top | grow | flagged].any()
+    assert tr.state.safe.cpu()[(cls == other) & ~flagged & ~top].all()
+    off = _flagged_trainer(**{**kw, "flag_cohort_grow": 0.0})
+    off.state.held[earlier.to(off.state.held.device)] = True
+    assert "cohort_grow" not in off.impl.start_epoch(off, 0, "otc")
+    assert torch.equal(off.state.held.cpu(), earlier | top)
+    with pytest.raises(Exception, match="flag_cohort_grow acts on a held cohort"):
+        _flagged_trainer(flag_cohort_grow=0.3)

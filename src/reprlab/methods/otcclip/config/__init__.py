@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reprlab.methods.otcclip.config.data import TRIGGERS, DataConfig
-from reprlab.methods.otcclip.config.defense import DEFAULT_DEFENSES, DefenseConfig, OTConfig
+from reprlab.methods.otcclip.config.defense import DEFAULT_DEFENSES, DefenseConfig
 from reprlab.methods.otcclip.config.eval import EvalConfig
 from reprlab.methods.otcclip.config.model import ModelConfig
+from reprlab.methods.otcclip.config.ot import OTConfig
 from reprlab.methods.otcclip.config.poison import PoisonConfig
 from reprlab.methods.otcclip.config.stream import StreamConfig
 from reprlab.methods.otcclip.config.train import TrainConfig

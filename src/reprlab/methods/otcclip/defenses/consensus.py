@@ -194,7 +194,7 @@ def check_flag_options(cfg) -> None:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
         )
-    for key, off in (("flag_cohort_purity", 0.0), ("flag_cohort_persist", 1)):
+    for key, off in (("flag_cohort_purity", 0.0), ("flag_cohort_persist", 1), ("flag_cohort_grow", 0.0)):
         if getattr(c, key) != off and c.flag_cohort_start < 0:
             raise ConfigError(
                 f"defense.{key} acts on a held cohort: set defense.flag_cohort_start, or turn it off: "
@@ -234,6 +234,13 @@ def update_flags(cfg, tr, epoch: int) -> dict:
                 group = (top | tr.state.held).to(img.device)
                 share = neighbourhood_share(img, group, c.flag_cohort_neighbours, c.flag_duplicate_cos)
                 top &= (share >= c.flag_cohort_purity).to(top.device)
+            if c.flag_cohort_grow > 0 and tr.state.held.any():
+                # [ours] a learned trigger's poisons outside this epoch's top are the held ones' nearest images
+                share = neighbourhood_share(img, tr.state.held.to(img.device), c.flag_cohort_neighbours,
+                                            c.flag_duplicate_cos)  # fmt: skip
+                grow = (share >= c.flag_cohort_grow).to(top.device) & ~tr.state.held.to(top.device)
+                stats["cohort_grow"] = int((grow & ~top).sum())
+                top |= grow
             if c.flag_cohort_persist > 1:
                 # a learned trigger stays in the cohort epoch after epoch; a clean concept's best pairs come and go
                 streak = tr.state.streak
