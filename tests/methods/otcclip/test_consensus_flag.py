@@ -514,6 +514,20 @@ def test_neighbourhood_share_matches_the_written_out_count(chunk):
     assert float(got[kind == 1].max()) < 1.0  # the copies do not count each other
 
 
+def _trigger_cluster(seed):
+    """Five concepts of 40 images (rows 0-199) and 30 triggered images of any concept (rows 200-229) that share
+    one trigger direction, which dominates their features (a learned trigger). Returns the unit rows, the clean
+    rows before normalising, the concept centres and the clean rows' concepts."""
+    g = torch.Generator().manual_seed(seed)
+    c, trig = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
+    y = torch.arange(5).repeat_interleave(40)
+    clean = c[y] + 0.7 * torch.randn(200, 16, generator=g)
+    poison = (
+        2.0 * trig + 0.5 * c[torch.randint(0, 5, (30,), generator=g)] + 0.3 * torch.randn(30, 16, generator=g)
+    )
+    return F.normalize(torch.cat([clean, poison]), dim=-1), clean, c, y
+
+
 def test_cohort_purity_keeps_a_learned_trigger_and_drops_a_clean_concepts_best_pairs():
     """Five concepts of 40 images and 30 triggered images of any concept that share one trigger direction (a
     learned trigger: the trigger dominates their features). A cohort of the 30 poisons and each concept's 4
@@ -522,16 +536,7 @@ def test_cohort_purity_keeps_a_learned_trigger_and_drops_a_clean_concepts_best_p
     from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
 
     for seed in range(6):
-        g = torch.Generator().manual_seed(seed)
-        c, trig = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
-        y = torch.arange(5).repeat_interleave(40)
-        clean = c[y] + 0.7 * torch.randn(200, 16, generator=g)
-        poison = (
-            2.0 * trig
-            + 0.5 * c[torch.randint(0, 5, (30,), generator=g)]
-            + 0.3 * torch.randn(30, 16, generator=g)
-        )
-        img = F.normalize(torch.cat([clean, poison]), dim=-1)
+        img, clean, c, y = _trigger_cluster(seed)
         central = (
             (F.normalize(clean, dim=-1) * F.normalize(c[y], dim=-1)).sum(1).view(5, 40).topk(4, dim=1).indices
         )
@@ -612,16 +617,7 @@ def test_cohort_grow_reaches_a_held_triggers_other_poisons_and_no_scattered_clea
     from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
 
     for seed in range(6):
-        g = torch.Generator().manual_seed(seed)
-        c, trig = torch.randn(5, 16, generator=g), torch.randn(16, generator=g)
-        y = torch.arange(5).repeat_interleave(40)
-        clean = c[y] + 0.7 * torch.randn(200, 16, generator=g)
-        poison = (
-            2.0 * trig
-            + 0.5 * c[torch.randint(0, 5, (30,), generator=g)]
-            + 0.3 * torch.randn(30, 16, generator=g)
-        )
-        img = F.normalize(torch.cat([clean, poison]), dim=-1)
+        img = _trigger_cluster(seed)[0]
         held = torch.zeros(230, dtype=torch.bool)
         held[200:215] = True  # half the poisons
         held[[3, 77]] = True  # two stray clean pairs of different concepts
