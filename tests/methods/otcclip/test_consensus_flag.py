@@ -500,7 +500,7 @@ def test_flag_options_without_what_they_act_through_are_refused_by_name():
 @pytest.mark.parametrize("chunk", [1, 7, 1024])
 def test_neighbourhood_share_matches_the_written_out_count(chunk):
     """Share of each row's k nearest images in the group, copies of its own image left out, by loops (float64)."""
-    from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share
+    from reprlab.methods.otcclip.defenses.consensus import neighbourhood_share, neighbourhood_shares
 
     img, _, kind = _web_like(seed=3)  # ten copies of one image (kind 1): each other's duplicates
     group = kind > 0
@@ -512,6 +512,11 @@ def test_neighbourhood_share_matches_the_written_out_count(chunk):
         want = sum(bool(group[j]) for j in cand[:6]) / 6
         assert float(got[i]) == pytest.approx(want, abs=1e-6), i
     assert float(got[kind == 1].max()) < 1.0  # the copies do not count each other
+    # several groups from one search (update_flags' purity and growth) equal one search per group: the same path
+    other = kind == 2
+    both = neighbourhood_shares(img, [group, other], k=6, duplicate_cos=0.999, chunk=chunk)
+    assert torch.equal(both[0], got)
+    assert torch.equal(both[1], neighbourhood_share(img, other, k=6, duplicate_cos=0.999, chunk=chunk))
 
 
 def _trigger_cluster(seed):

@@ -118,15 +118,28 @@ def neighbourhood_share(
     leaving out near-duplicates of its own image (cosine above ``duplicate_cos``) -> ``(N,)``. Once a trigger is
     learned, its images' nearest images are the other triggered images, whatever item each shows; a clean
     concept's best-learned pairs have the concept's other, unflagged images around them."""
+    return neighbourhood_shares(img, [group], k, duplicate_cos, chunk)[0]
+
+
+@torch.no_grad()
+def neighbourhood_shares(
+    img: torch.Tensor,
+    groups: list[torch.Tensor],
+    k: int = 20,
+    duplicate_cos: float = 0.999,
+    chunk: int = 1024,
+) -> list[torch.Tensor]:
+    """:func:`neighbourhood_share` for several ``groups`` (each ``bool (N,)``) from one nearest-image search."""
     n = len(img)
     k = min(k, n - 1)
-    out = torch.zeros(n, dtype=torch.float32, device=img.device)
+    outs = [torch.zeros(n, dtype=torch.float32, device=img.device) for _ in groups]
     if k < 1:
-        return out
-    group = group.to(img.device)
+        return outs
+    groups = [g.to(img.device) for g in groups]
     for rows, nn, ok in _nearest(img, img, k, duplicate_cos, chunk):
-        out[rows] = (group[nn] & ok).sum(1).float() / ok.sum(1).clamp(min=1)
-    return out
+        for out, group in zip(outs, groups):
+            out[rows] = (group[nn] & ok).sum(1).float() / ok.sum(1).clamp(min=1)
+    return outs
 
 
 def flag_top(scores: torch.Tensor, share: float) -> torch.Tensor:
@@ -229,16 +242,18 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         top = cohort_scores(score, img, txt) if cohort else None
         if top is not None:
             top = flag_top(top, c.flag_cohort_share)
+            held = tr.state.held.to(top.device)
+            grows = c.flag_cohort_grow > 0 and bool(held.any())
+            if c.flag_cohort_purity > 0 or grows:  # one nearest-image search serves both tests
+                in_cohort, in_held = neighbourhood_shares(
+                    img, [top | held, held], c.flag_cohort_neighbours, c.flag_duplicate_cos
+                )
             if c.flag_cohort_purity > 0:
                 # a trigger's cohort is its own neighbourhood (this epoch's top or already held)
-                group = (top | tr.state.held).to(img.device)
-                share = neighbourhood_share(img, group, c.flag_cohort_neighbours, c.flag_duplicate_cos)
-                top &= (share >= c.flag_cohort_purity).to(top.device)
-            if c.flag_cohort_grow > 0 and tr.state.held.any():
+                top &= (in_cohort >= c.flag_cohort_purity).to(top.device)
+            if grows:
                 # [ours] a learned trigger's poisons outside this epoch's top are the held ones' nearest images
-                share = neighbourhood_share(img, tr.state.held.to(img.device), c.flag_cohort_neighbours,
-                                            c.flag_duplicate_cos)  # fmt: skip
-                grow = (share >= c.flag_cohort_grow).to(top.device) & ~tr.state.held.to(top.device)
+                grow = (in_held >= c.flag_cohort_grow).to(top.device) & ~held
                 stats["cohort_grow"] = int((grow & ~top).sum())
                 top |= grow
             if c.flag_cohort_persist > 1:
