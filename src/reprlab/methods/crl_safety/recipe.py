@@ -44,6 +44,7 @@ from reprlab.methods.crl_safety.select import (
     load_adapter_tensors,
     validation_steps,
 )
+from reprlab.methods.crl_safety.self_prompts import sample_user_prompts
 from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.report.figures import pyplot
@@ -98,6 +99,15 @@ class DataCfg:
             "WildGuardMix's benign prompts] XSTest-style prompts that look harmful but are safe, with the base "
             "model's replies judged compliant, added to the defences' benign and retain sets (not stage 0's); drawn "
             "after the n_xstest evaluated ones, so never evaluated. 0 = none"
+        ),
+    )
+    n_self_benign: int = field(
+        default=0,
+        metadata=_h(
+            "[ours; docs/crl_safety.md, 'Prompts the model writes itself'] user prompts the base model writes "
+            "itself from its chat template's empty user turn (the Magpie recipe), new and distinct, with the base "
+            "model's replies judged compliant, added to the defences' benign and retain sets (not stage 0's), as "
+            "the reference recipes keep benign behaviour with large, varied benign sets. 0 = none"
         ),
     )
     harmless_source: str = field(
@@ -479,6 +489,14 @@ def _run(cfg: Config, run) -> dict:
         # a call of its own, so the other lists' generation batches are what they were without it
         if sp.borderline_train:
             out["borderline_train"] = _base_replies(ref, tok, fmt, sp.borderline_train, d.response_tokens)
+        if d.n_self_benign:  # sampled with a generator of its own: the global random state is left as it was
+            every = [p for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest",
+                                 "harmful_val", "harmless_val", "borderline_train") for p in getattr(sp, k)]  # fmt: skip
+            made = sample_user_prompts(ref, fmt, d.n_self_benign, seed=cfg.seed, exclude=set(every))
+            log(f"self-written user prompts: kept {len(made.prompts)} of {made.sampled} sampled ({made.incomplete} "
+                f"unfinished, {made.short} short, {made.duplicate} repeated, {made.excluded} already in a split)")  # fmt: skip
+            out["self_benign"] = _base_replies(ref, tok, fmt, made.prompts, d.response_tokens)
+            out["self_benign_sampled"] = made.sampled
         for k in ("harmful_train", "harmful_eval") + (("harmful_val",) if sp.harmful_val else ()):
             out[k] = [sp.user_responses.get(p, r) for p, r in zip(getattr(sp, k), out[k])]  # user's win
         out["splits"] = {
@@ -492,6 +510,8 @@ def _run(cfg: Config, run) -> dict:
         ):  # only when asked for: earlier run folders stay as they were
             if getattr(sp, k):
                 out["splits"][k] = getattr(sp, k)
+        if d.n_self_benign:
+            out["splits"]["self_benign"] = made.prompts
         return out
 
     with section("generate base replies"):
@@ -499,6 +519,9 @@ def _run(cfg: Config, run) -> dict:
     if sp.harmful_val and "harmful_val" not in g:
         raise ConfigError(f"{run.dir}: this run folder was started without validation prompts; resume it without "
                           "data.n_harmful_val / data.n_harmless_val or start a new run")  # fmt: skip
+    if d.n_self_benign and "self_benign" not in g:
+        raise ConfigError(f"{run.dir}: this run folder was started without self-written prompts; resume it without "
+                          "data.n_self_benign or start a new run")  # fmt: skip
     if sp.borderline_train and "borderline_train" not in g:
         raise ConfigError(f"{run.dir}: this run folder was started without borderline prompts; resume it without "
                           "data.n_borderline_train or start a new run")  # fmt: skip
@@ -544,8 +567,18 @@ def _run(cfg: Config, run) -> dict:
                                                                       b_labels) if lab == "comply"]  # fmt: skip
         log(f"borderline training prompts with a compliant base reply: {len(benign_def) - len(benign)} of "
             f"{len(b_labels)}")  # fmt: skip
+    extra = []
+    if d.n_self_benign:  # the same rule as the borderline prompts: only those the base answered
+        with section("judge self-written prompts' replies"):
+            s_prompts = g["splits"]["self_benign"]
+            s_labels = judge(s_prompts, g["self_benign"], harmful=False)
+        extra = [
+            pair(p, r, False) for p, r, lab in zip(s_prompts, g["self_benign"], s_labels) if lab == "comply"
+        ]
+        benign_def = benign_def + extra
+        log(f"self-written prompts with a compliant base reply: {len(extra)} of {len(s_labels)}")
     # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only
-    triplet_benign = benign if cfg.defense.crl.borderline == "retain" else benign_def
+    triplet_benign = benign + extra if cfg.defense.crl.borderline == "retain" else benign_def
     benign_crl = triplet_benign + refusals if cfg.defense.crl.benign_includes_refusals else triplet_benign
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
@@ -701,7 +734,11 @@ def _run(cfg: Config, run) -> dict:
     summary["eval_source"] = sp.eval_source
     summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
     if sp.borderline_train:
-        summary["borderline_train_used"] = len(benign_def) - len(benign)
+        summary["borderline_train_used"] = len(benign_def) - len(benign) - len(extra)
+    if d.n_self_benign:
+        summary["self_benign_sampled"] = g["self_benign_sampled"]
+        summary["self_benign_kept"] = len(g["splits"]["self_benign"])
+        summary["self_benign_used"] = len(extra)
     summary["model"] = cfg.model
     summary["variant"] = cfg.variant
     summary["seconds"] = round(time.time() - t_start, 1)

@@ -1,0 +1,167 @@
+"""User prompts the model writes itself (``data.n_self_benign``): the sampler on a scripted model (known answers),
+on the packaged SmolLM2 (determinism, the global random state left alone), and the recipe's use of them."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from reprlab.config import load_config
+from reprlab.methods.crl_safety import recipe as R
+from reprlab.methods.crl_safety.chat import ChatFormat
+from reprlab.methods.crl_safety.self_prompts import SelfPrompts, sample_user_prompts, user_turn_prefix
+from reprlab.models.hf import ByteTokenizer
+from reprlab.runs import Run
+
+from .test_recipe import TINY, compliant_jsonl
+
+
+class Scripted(torch.nn.Module):
+    """A causal LM that writes ``scripts[row % len(scripts)]`` token by token (probability 1), then ``x`` forever;
+    its 'cache' is the number of steps taken."""
+
+    def __init__(self, scripts: list[list[int]], vocab: int = 259):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.scripts, self.vocab, self.prefixes = scripts, vocab, []
+
+    def forward(self, input_ids, use_cache=True, logits_to_keep=1, past_key_values=None):
+        step = past_key_values or 0
+        if step == 0:
+            self.prefixes.append(input_ids[0].tolist())
+        logits = torch.full((len(input_ids), 1, self.vocab), -1e9)
+        for i in range(len(input_ids)):
+            s = self.scripts[i % len(self.scripts)]
+            logits[i, 0, s[step] if step < len(s) else 3 + ord("x")] = 0.0
+        return SimpleNamespace(logits=logits, past_key_values=step + 1)
+
+
+def _fmt():
+    return ChatFormat(ByteTokenizer(), "", max_prompt_tokens=64)
+
+
+def test_user_turn_prefix_is_the_template_up_to_the_users_words():
+    fmt = _fmt()
+    prefix, end = user_turn_prefix(fmt)
+    tok = fmt.tokenizer
+    assert tok.decode(prefix) == "<|system|>\n<|user|>"
+    assert tok.decode(end) == "\n"
+    # the prefix plus the words plus the end is exactly what the template renders for that prompt
+    whole = tok.apply_chat_template([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}])
+    assert whole == [tok.bos_token_id, *prefix, *tok.encode("hi"), *end]
+
+
+def test_the_sampler_keeps_complete_new_distinct_prompts_and_counts_the_rest():
+    fmt = _fmt()
+    tok = fmt.tokenizer
+    nl = tok.encode("\n")
+    scripts = [
+        tok.encode("Tell me a joke about cats") + nl,  # kept
+        tok.encode("tell me a   JOKE about cats") + nl,  # the same up to case and whitespace
+        tok.encode("Hi there") + nl,  # short
+        tok.encode("an endless turn that never stops talking"),  # no end within the budget
+        tok.encode("How do I bake bread at home?") + nl,  # in the exclude set
+        tok.encode("Explain how tides work, please") + [tok.eos_token_id],  # eos ends a turn too
+    ]
+    model = Scripted(scripts)
+    got = sample_user_prompts(
+        model, fmt, n=5, seed=0, max_new_tokens=45, exclude={"how do i bake bread at HOME?"}, batch_size=6,
+        max_batches=1,
+    )  # fmt: skip
+    assert got.prompts == ["Tell me a joke about cats", "Explain how tides work, please"]
+    assert (got.sampled, got.duplicate, got.short, got.incomplete, got.excluded) == (6, 1, 1, 1, 1)
+    assert not got.complete  # 2 of the 5 asked for
+    assert model.prefixes == [user_turn_prefix(fmt)[0]]  # one batch, every row from the template's user turn
+
+
+def test_the_sampler_stops_once_it_has_enough():
+    fmt = _fmt()
+    tok = fmt.tokenizer
+    scripts = [tok.encode(f"Write a poem about topic {i}") + tok.encode("\n") for i in range(4)]
+    model = Scripted(scripts)
+    got = sample_user_prompts(model, fmt, n=3, seed=0, batch_size=4, max_batches=5)
+    assert got.prompts == [f"Write a poem about topic {i}" for i in range(3)]
+    assert got.sampled == 4 and got.diagnostics["batches"] == 1 and got.complete
+    assert len(model.prefixes) == 1  # one batch, not five
+
+
+def test_smollm2_writes_user_prompts_deterministically_without_touching_the_global_rng():
+    from reprlab.methods.crl_safety.self_prompts import _sample_turns
+    from reprlab.models.hf import load_causal_lm
+
+    model, tok = load_causal_lm("smollm2-135m-instruct")
+    fmt = ChatFormat(tok, "", max_prompt_tokens=48)
+    state = torch.get_rng_state()
+    a = sample_user_prompts(model, fmt, n=2, seed=0, max_new_tokens=32, batch_size=6, max_batches=1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert a == sample_user_prompts(model, fmt, n=2, seed=0, max_new_tokens=32, batch_size=6, max_batches=1)
+    assert a.sampled == 6 and a.incomplete + a.short + a.duplicate + a.excluded + len(a.prompts) <= 6
+    assert all(len(p.split()) >= 4 for p in a.prompts)
+    # another seed writes other turns (raw tokens: whether a turn ends within the budget is the model's draw)
+    prefix, end = user_turn_prefix(fmt)
+    turns = [_sample_turns(model, prefix, {end[0]}, 4, 8, 1.0, torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert turns[0] != turns[1]
+
+
+def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch):
+    t = {**TINY, "models": ["refusal", "rr", "crl"],
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_self_benign": 3}}  # fmt: skip
+    cfg = load_config(R.Config, t)
+    sp = R._splits(cfg)
+    written = ["Explain how tides work in simple words.", "Write a short poem about autumn leaves.",
+               "List three uses of a paperclip."]  # fmt: skip
+    asked = {}
+
+    def fake_sampler(model, fmt, n, seed, exclude=frozenset(), **kw):
+        asked.update(n=n, exclude=set(exclude))
+        return SelfPrompts(list(written), sampled=7, incomplete=4, diagnostics={"asked": n})
+
+    real = R.make_judge
+
+    def judge_factory(*a, **kw):
+        j = real(*a, **kw)
+
+        def judge(prompts, responses, harmful=True):
+            if prompts == written:  # the random tiny model's replies are degenerate: script these verdicts
+                return ["comply", "refuse", "comply"]
+            return j(prompts, responses, harmful=harmful)
+
+        return judge
+
+    seen, real_fit = {}, R._fit
+
+    def fit(sharded, peft, kind, cfg_, harm, ben, *a, **kw):
+        seen[kind] = (ben, kw.get("retain"))
+        return real_fit(sharded, peft, kind, cfg_, harm, ben, *a, **kw)
+
+    monkeypatch.setattr(R, "sample_user_prompts", fake_sampler)
+    monkeypatch.setattr(R, "make_judge", judge_factory)
+    monkeypatch.setattr(R, "_fit", fit)
+    summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
+    assert (summary["self_benign_sampled"], summary["self_benign_kept"], summary["self_benign_used"]) == (7, 3, 2)
+    assert asked["n"] == 3
+    assert set(sp.harmless_eval + sp.harmful_eval + sp.xstest + sp.harmless_train) <= asked["exclude"]
+    tok = R.load_model(cfg, "cpu")[1]
+    fmt = R.ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
+    ids = {p: tuple(fmt.prompt_ids(p)) for p in written}
+    prompts_of = lambda pairs: {tuple(p) for p, _ in pairs}  # noqa: E731
+    kept, refused = {ids[written[0]], ids[written[2]]}, ids[written[1]]
+    assert not prompts_of(seen["sft"][0]) & set(ids.values())  # stage 0 trains without them
+    for kind in ("rr", "crl"):
+        ben, retain = seen[kind]
+        assert kept <= prompts_of(ben) and refused not in prompts_of(ben), kind
+        assert kept <= prompts_of(retain) and refused not in prompts_of(retain), kind
+
+
+def test_a_folder_started_without_self_written_prompts_refuses_to_resume_with_them(tmp_path):
+    from reprlab.errors import ConfigError
+
+    t = {**TINY, "models": ["base"], "capability": {"mc": False},
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)}}  # fmt: skip
+    out = tmp_path / "run"
+    cfg = load_config(R.Config, t)
+    R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
+    with_s = load_config(R.Config, {**t, "data": {**t["data"], "n_self_benign": 2}})
+    run = Run.create(out, cfg, "crl-tiny", resume=True, quiet=True)
+    with pytest.raises(ConfigError, match="without self-written prompts"):
+        R.run(with_s, run)
