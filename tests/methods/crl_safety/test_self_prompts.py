@@ -99,7 +99,9 @@ def test_smollm2_writes_user_prompts_deterministically_without_touching_the_glob
     assert all(len(p.split()) >= 4 for p in a.prompts)
     # another seed writes other turns (raw tokens: whether a turn ends within the budget is the model's draw)
     prefix, end = user_turn_prefix(fmt)
-    turns = [_sample_turns(model, prefix, {end[0]}, 4, 8, 1.0, torch.Generator().manual_seed(s)) for s in (0, 1)]
+    turns = [
+        _sample_turns(model, prefix, {end[0]}, 4, 8, 1.0, torch.Generator().manual_seed(s)) for s in (0, 1)
+    ]
     assert turns[0] != turns[1]
 
 
@@ -138,7 +140,8 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
     monkeypatch.setattr(R, "make_judge", judge_factory)
     monkeypatch.setattr(R, "_fit", fit)
     summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
-    assert (summary["self_benign_sampled"], summary["self_benign_kept"], summary["self_benign_used"]) == (7, 3, 2)
+    used = [summary[f"self_benign_{k}"] for k in ("sampled", "kept", "used")]
+    assert used == [7, 3, 2]
     assert asked["n"] == 3
     assert set(sp.harmless_eval + sp.harmful_eval + sp.xstest + sp.harmless_train) <= asked["exclude"]
     tok = R.load_model(cfg, "cpu")[1]
