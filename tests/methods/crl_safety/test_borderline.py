@@ -89,7 +89,12 @@ def test_borderline_in_the_retain_term_only_needs_the_retain_batch_and_borderlin
         R.preflight(cfg({"borderline": "both"}, 4))
 
 
-def test_a_folder_started_without_borderline_prompts_refuses_to_resume_with_them(tmp_path):
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("n_borderline_train", "without borderline prompts"), ("n_self_benign", "without self-written prompts")],
+)
+def test_a_folder_started_without_extra_benign_prompts_refuses_to_resume_with_them(tmp_path, key, message):
+    # borderline prompts, or the prompts the model writes itself (test_self_prompts.py)
     from reprlab.errors import ConfigError, RunFolderError
 
     t = {**TINY, "models": ["base"], "capability": {"mc": False},
@@ -97,12 +102,12 @@ def test_a_folder_started_without_borderline_prompts_refuses_to_resume_with_them
     out = tmp_path / "run"
     cfg = load_config(R.Config, t)
     R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
-    with_b = load_config(R.Config, {**t, "data": {**t["data"], "n_borderline_train": 2}})
-    with pytest.raises(RunFolderError, match="n_borderline_train"):  # the folder's config.yaml differs
+    with_b = load_config(R.Config, {**t, "data": {**t["data"], key: 2}})
+    with pytest.raises(RunFolderError, match=key):  # the folder's config.yaml differs
         Run.create(out, with_b, "crl-tiny", resume=True, quiet=True)
     # a caller that skips that check (the library's run() on a reopened folder) meets the recipe's own
     run = Run.create(out, cfg, "crl-tiny", resume=True, quiet=True)
-    with pytest.raises(ConfigError, match="without borderline prompts"):
+    with pytest.raises(ConfigError, match=message):
         R.run(with_b, run)
 
 

@@ -1,9 +1,9 @@
 """User prompts the model writes itself (``data.n_self_benign``): the sampler on a scripted model (known answers),
-on the packaged SmolLM2 (determinism, the global random state left alone), and the recipe's use of them."""
+on the packaged SmolLM2 (determinism, the global random state left alone), and the recipe's use of them (resuming
+a folder without them: test_borderline.py)."""
 
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from reprlab.config import load_config
@@ -154,17 +154,3 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
         ben, retain = seen[kind]
         assert kept <= prompts_of(ben) and refused not in prompts_of(ben), kind
         assert kept <= prompts_of(retain) and refused not in prompts_of(retain), kind
-
-
-def test_a_folder_started_without_self_written_prompts_refuses_to_resume_with_them(tmp_path):
-    from reprlab.errors import ConfigError
-
-    t = {**TINY, "models": ["base"], "capability": {"mc": False},
-         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path)}}  # fmt: skip
-    out = tmp_path / "run"
-    cfg = load_config(R.Config, t)
-    R.run(cfg, Run.create(out, cfg, "crl-tiny", quiet=True))
-    with_s = load_config(R.Config, {**t, "data": {**t["data"], "n_self_benign": 2}})
-    run = Run.create(out, cfg, "crl-tiny", resume=True, quiet=True)
-    with pytest.raises(ConfigError, match="without self-written prompts"):
-        R.run(with_s, run)
