@@ -170,6 +170,16 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
         dist.broadcast(t.data, src)
 
 
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s ``obj`` (picklable) on every rank; ``obj`` itself without a process group of several ranks.
+    For results that are sampled, so that ranks which computed them apart could disagree."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
 def main_first(fn: Callable[[], T], is_main: bool) -> T:
     """Run ``fn`` on the main rank, then (after a barrier) on the others: for stages that write files the other
     ranks then read back (a resumable stage finds the main rank's result and skips its work)."""

@@ -81,8 +81,48 @@ def test_the_sampler_stops_once_it_has_enough():
     model = Scripted(scripts)
     got = sample_user_prompts(model, fmt, n=3, seed=0, batch_size=4, max_batches=5)
     assert got.prompts == [f"Write a poem about topic {i}" for i in range(3)]
-    assert got.sampled == 4 and got.diagnostics["batches"] == 1 and got.complete
+    assert (got.sampled, got.surplus, got.diagnostics["batches"]) == (4, 1, 1) and got.complete
     assert len(model.prefixes) == 1  # one batch, not five
+
+
+def test_repeats_are_dropped_across_batches_and_the_batch_budget_follows_n():
+    fmt = _fmt()
+    tok = fmt.tokenizer
+    # the scripted model writes the same two turns in every batch
+    scripts = [
+        tok.encode("Name three rivers in Europe") + tok.encode("\n"),
+        tok.encode("Summarise a short story") + tok.encode("\n"),
+    ]
+    got = sample_user_prompts(Scripted(scripts), fmt, n=3, seed=0, batch_size=2)
+    assert got.prompts == ["Name three rivers in Europe", "Summarise a short story"] and not got.complete
+    assert got.diagnostics["max_batches"] == 12  # enough for 8 n turns
+    assert (got.sampled, got.duplicate) == (24, 22)
+    assert (
+        got.sampled
+        == len(got.prompts) + got.incomplete + got.short + got.duplicate + got.excluded + got.surplus
+    )
+
+
+class InstTokenizer(ByteTokenizer):
+    """A Mistral-style template: the user turn ends with a several-token ``[/INST]``."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, **_):
+        text = "".join(f"[INST] {m['content']} [/INST]" for m in messages if m["role"] == "user")
+        return self.encode(text) if tokenize else text
+
+
+def test_a_several_token_end_of_turn_ends_a_turn_and_its_first_token_alone_does_not():
+    fmt = ChatFormat(InstTokenizer(), None, max_prompt_tokens=64)
+    tok = fmt.tokenizer
+    prefix, end = user_turn_prefix(fmt)
+    assert tok.decode(prefix) == "[INST] " and tok.decode(end) == " [/INST]"
+    scripts = [tok.encode("Explain what a[0] means in Python [briefly] [/INST] and more"),
+               tok.encode("Explain what a[0] means in C [/ ok")]  # fmt: skip
+    got = sample_user_prompts(
+        Scripted(scripts), fmt, n=2, seed=0, max_new_tokens=60, batch_size=2, max_batches=1
+    )
+    assert got.prompts == ["Explain what a[0] means in Python [briefly]"]
+    assert got.incomplete == 1
 
 
 def test_smollm2_writes_user_prompts_deterministically_without_touching_the_global_rng():
@@ -92,22 +132,24 @@ def test_smollm2_writes_user_prompts_deterministically_without_touching_the_glob
     model, tok = load_causal_lm("smollm2-135m-instruct")
     fmt = ChatFormat(tok, "", max_prompt_tokens=48)
     state = torch.get_rng_state()
-    a = sample_user_prompts(model, fmt, n=2, seed=0, max_new_tokens=32, batch_size=6, max_batches=1)
+    a = sample_user_prompts(model, fmt, n=2, seed=0, batch_size=16, max_batches=1)
     assert torch.equal(torch.get_rng_state(), state)
-    assert a == sample_user_prompts(model, fmt, n=2, seed=0, max_new_tokens=32, batch_size=6, max_batches=1)
-    assert a.sampled == 6 and a.incomplete + a.short + a.duplicate + a.excluded + len(a.prompts) <= 6
-    assert all(len(p.split()) >= 4 for p in a.prompts)
-    # another seed writes other turns (raw tokens: whether a turn ends within the budget is the model's draw)
+    assert a == sample_user_prompts(model, fmt, n=2, seed=0, batch_size=16, max_batches=1)
+    # about 4 turns in 10 end within 48 tokens (64 of 160 on seed 0 in the recipe): none of 16 would be a 1e-3 draw
+    assert a.prompts and all(len(p.split()) >= 4 for p in a.prompts)
+    assert a.sampled == 16 == len(a.prompts) + a.incomplete + a.short + a.duplicate + a.excluded + a.surplus
+    # the same seed writes the same raw turns, another seed other ones
     prefix, end = user_turn_prefix(fmt)
     turns = [
-        _sample_turns(model, prefix, {end[0]}, 4, 8, 1.0, torch.Generator().manual_seed(s)) for s in (0, 1)
+        _sample_turns(model, prefix, [end], 4, 8, 1.0, torch.Generator().manual_seed(s)) for s in (0, 0, 1)
     ]
-    assert turns[0] != turns[1]
+    assert turns[0] == turns[1] and turns[0] != turns[2]
 
 
 def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch):
     t = {**TINY, "models": ["refusal", "rr", "crl"],
-         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_self_benign": 3}}  # fmt: skip
+         "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_self_benign": 3,
+                  "n_borderline_train": 2}}  # fmt: skip
     cfg = load_config(R.Config, t)
     sp = R._splits(cfg)
     written = ["Explain how tides work in simple words.", "Write a short poem about autumn leaves.",
@@ -116,7 +158,7 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
 
     def fake_sampler(model, fmt, n, seed, exclude=frozenset(), **kw):
         asked.update(n=n, exclude=set(exclude))
-        return SelfPrompts(list(written), sampled=7, incomplete=4, diagnostics={"asked": n})
+        return SelfPrompts(list(written), n, sampled=7, incomplete=4)
 
     real = R.make_judge
 
@@ -126,6 +168,8 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
         def judge(prompts, responses, harmful=True):
             if prompts == written:  # the random tiny model's replies are degenerate: script these verdicts
                 return ["comply", "refuse", "comply"]
+            if prompts == sp.borderline_train:
+                return ["comply"] * len(prompts)
             return j(prompts, responses, harmful=harmful)
 
         return judge
@@ -141,9 +185,17 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
     monkeypatch.setattr(R, "_fit", fit)
     summary = R.run(cfg, Run.create(tmp_path / "run", cfg, "crl-tiny", quiet=True))
     used = [summary[f"self_benign_{k}"] for k in ("sampled", "kept", "used")]
-    assert used == [7, 3, 2]
+    assert used == [7, 3, 2] and summary["borderline_train_used"] == 2  # each counted apart
     assert asked["n"] == 3
-    assert set(sp.harmless_eval + sp.harmful_eval + sp.xstest + sp.harmless_train) <= asked["exclude"]
+    every = (
+        sp.harmless_eval
+        + sp.harmful_eval
+        + sp.xstest
+        + sp.harmless_train
+        + sp.harmful_train
+        + sp.borderline_train
+    )
+    assert set(every) <= asked["exclude"] and sp.borderline_train
     tok = R.load_model(cfg, "cpu")[1]
     fmt = R.ChatFormat(tok, cfg.data.system_prompt, cfg.data.max_prompt_tokens)
     ids = {p: tuple(fmt.prompt_ids(p)) for p in written}

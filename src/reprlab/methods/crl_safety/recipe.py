@@ -49,7 +49,7 @@ from reprlab.methods.crl_safety.trainer import lora_blocks, state_means
 from reprlab.report import Section
 from reprlab.report.figures import pyplot
 from reprlab.report.headline import Headline
-from reprlab.train.dist import init_distributed
+from reprlab.train.dist import broadcast_object, init_distributed
 from reprlab.train.seed import seed_everything
 from reprlab.train.timing import section, timing
 
@@ -492,9 +492,17 @@ def _run(cfg: Config, run) -> dict:
         if d.n_self_benign:  # sampled with a generator of its own: the global random state is left as it was
             every = [p for k in ("harmful_train", "harmful_eval", "harmless_train", "harmless_eval", "xstest",
                                  "harmful_val", "harmless_val", "borderline_train") for p in getattr(sp, k)]  # fmt: skip
-            made = sample_user_prompts(ref, fmt, d.n_self_benign, seed=cfg.seed, exclude=set(every))
+            # sampled on the main rank only: a draw could differ between ranks by a rounding, and every rank must
+            # train on the same benign set
+            made = broadcast_object(
+                sample_user_prompts(ref, fmt, d.n_self_benign, seed=cfg.seed, exclude=set(every))
+                if dist_info.is_main else None
+            )  # fmt: skip
             log(f"self-written user prompts: kept {len(made.prompts)} of {made.sampled} sampled ({made.incomplete} "
                 f"unfinished, {made.short} short, {made.duplicate} repeated, {made.excluded} already in a split)")  # fmt: skip
+            if not made.complete:
+                run.logger.warning(f"only {len(made.prompts)} of the {made.asked} self-written prompts asked for "
+                                   f"(data.n_self_benign) were kept; the run goes on with those")  # fmt: skip
             out["self_benign"] = _base_replies(ref, tok, fmt, made.prompts, d.response_tokens)
             out["self_benign_sampled"] = made.sampled
         for k in ("harmful_train", "harmful_eval") + (("harmful_val",) if sp.harmful_val else ()):
@@ -557,8 +565,8 @@ def _run(cfg: Config, run) -> dict:
     log(f"harmful training completions judged compliant: {len(compliant)} of {len(labels)}")
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
-    # the defences' benign set: stage 0's plus the borderline prompts the base answered (a refused or degenerate
-    # base reply would teach the defence to keep refusing, the opposite of what they are for)
+    # the defences' benign set: stage 0's plus the borderline and self-written prompts the base answered (a refused
+    # or degenerate base reply would teach the defence to keep refusing, the opposite of what they are for)
     benign_def = benign
     if sp.borderline_train:
         with section("judge borderline replies"):
@@ -577,7 +585,8 @@ def _run(cfg: Config, run) -> dict:
         ]
         benign_def = benign_def + extra
         log(f"self-written prompts with a compliant base reply: {len(extra)} of {len(s_labels)}")
-    # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only
+    # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only;
+    # the self-written ones stay in its triplet set as well, as with the default role
     triplet_benign = benign + extra if cfg.defense.crl.borderline == "retain" else benign_def
     benign_crl = triplet_benign + refusals if cfg.defense.crl.benign_includes_refusals else triplet_benign
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
