@@ -565,29 +565,26 @@ def _run(cfg: Config, run) -> dict:
     log(f"harmful training completions judged compliant: {len(compliant)} of {len(labels)}")
     refusals = [pair(p, REFUSALS[i % len(REFUSALS)], True) for i, p in enumerate(sp.harmful_train)]
     benign = [pair(p, r, False) for p, r in zip(sp.harmless_train, g["harmless_train"])]
+
     # the defences' benign set: stage 0's plus the borderline and self-written prompts the base answered (a refused
     # or degenerate base reply would teach the defence to keep refusing, the opposite of what they are for)
-    benign_def = benign
-    if sp.borderline_train:
-        with section("judge borderline replies"):
-            b_labels = judge(sp.borderline_train, g["borderline_train"], harmful=False)
-        benign_def = benign + [pair(p, r, False) for p, r, lab in zip(sp.borderline_train, g["borderline_train"],
-                                                                      b_labels) if lab == "comply"]  # fmt: skip
-        log(f"borderline training prompts with a compliant base reply: {len(benign_def) - len(benign)} of "
-            f"{len(b_labels)}")  # fmt: skip
-    extra = []
-    if d.n_self_benign:  # the same rule as the borderline prompts: only those the base answered
-        with section("judge self-written prompts' replies"):
-            s_prompts = g["splits"]["self_benign"]
-            s_labels = judge(s_prompts, g["self_benign"], harmful=False)
-        extra = [
-            pair(p, r, False) for p, r, lab in zip(s_prompts, g["self_benign"], s_labels) if lab == "comply"
-        ]
-        benign_def = benign_def + extra
-        log(f"self-written prompts with a compliant base reply: {len(extra)} of {len(s_labels)}")
+    def answered(prompts: list[str], replies: list[str], what: str) -> list:
+        with section(f"judge {what} replies"):
+            labels = judge(prompts, replies, harmful=False)
+        kept = [pair(p, r, False) for p, r, lab in zip(prompts, replies, labels) if lab == "comply"]
+        log(f"{what} prompts with a compliant base reply: {len(kept)} of {len(labels)}")
+        return kept
+
+    border = (
+        answered(sp.borderline_train, g["borderline_train"], "borderline training")
+        if sp.borderline_train
+        else []
+    )
+    extra = answered(g["splits"]["self_benign"], g["self_benign"], "self-written") if d.n_self_benign else []
+    benign_def = benign + border + extra
     # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only;
     # the self-written ones stay in its triplet set as well, as with the default role
-    triplet_benign = benign + extra if cfg.defense.crl.borderline == "retain" else benign_def
+    triplet_benign = benign + (border if cfg.defense.crl.borderline != "retain" else []) + extra
     benign_crl = triplet_benign + refusals if cfg.defense.crl.benign_includes_refusals else triplet_benign
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
@@ -743,7 +740,7 @@ def _run(cfg: Config, run) -> dict:
     summary["eval_source"] = sp.eval_source
     summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
     if sp.borderline_train:
-        summary["borderline_train_used"] = len(benign_def) - len(benign) - len(extra)
+        summary["borderline_train_used"] = len(border)
     if d.n_self_benign:
         summary["self_benign_sampled"] = g["self_benign_sampled"]
         summary["self_benign_kept"] = len(g["splits"]["self_benign"])
