@@ -8,13 +8,14 @@ says [ours]; RoCLIP, SafeCLIP and CleanCLIP follow their public code.
 The package, from the entry points down (a module imports only from the rows below it, or its own row):
 
 * ``recipe.py``: the entry ``reprlab run otcclip-*`` loads (``Config``, ``preflight``, ``run``,
-  ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards | poison | evaluate``; ``export.py``:
-  ``reprlab export``'s open_clip / HF folders; ``recipes/*.yaml``: the recipes.
+  ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards | poison | evaluate | flag-probe``;
+  ``export.py``: ``reprlab export``'s open_clip / HF folders; ``recipes/*.yaml``: the recipes.
 * ``pipeline/``: what a run does, stage by stage (preflight, in-memory and streamed runs, the user-data stages -
   files and poison - one defense's stage, the audit stage and command, the poison and evaluate commands, the
   report).
 * ``evaluation/``: zero-shot, linear probe, ASRs; on our testbed or on the user's ImageFolders and poison
-  manifest (``folder``); the poison audit.
+  manifest (``folder``); the poison audit; the flag probe (``flag_probe``: which feature test tells flagged
+  poisons from flagged clean pairs, epoch by epoch).
 * ``training/``: one trainer for every defense, in memory (``trainer``) or streamed from shards in slots and
   windows (``slots``, ``stream``); augmentations.
 * ``defenses/``: one file per defense behind a registry (none, RoCLIP, SafeCLIP, CleanCLIP, OTCCLIP), their

@@ -1,4 +1,4 @@
-"""Typer sub-app mounted by the main CLI as ``reprlab otcclip audit | make-shards | poison | evaluate``
+"""Typer sub-app mounted by the main CLI as ``reprlab otcclip audit | make-shards | poison | evaluate | flag-probe``
 (command bodies in ``pipeline/``)."""
 
 from __future__ import annotations
@@ -216,3 +216,25 @@ def evaluate(
     summary = evaluate_run(run_dir, overrides, defense or None, out)
     typer.echo(table(summary))
     typer.echo(f"wrote {(out or run_dir / 'eval') / 'folder_eval.json'}")
+
+
+@app.command("flag-probe")
+def flag_probe(
+    run_dir: Path = typer.Argument(
+        ..., help="an otcclip run folder on a built-in testbed, trained with train.keep_every"
+    ),
+    epochs: str = typer.Option(
+        ..., help="comma-separated epochs whose kept checkpoints to read, e.g. 6,10,14"
+    ),
+    defense: str = typer.Option("otcclip", help="which of the run's defenses"),
+    n_blend: int = typer.Option(8, min=1, help="training images each flagged image is blended into"),
+) -> None:
+    """Which feature test tells the flagged backdoor poisons from the flagged clean pairs, epoch by epoch (AUROC;
+    the testbed's poison labels are read, so this is a diagnostic of the flag, not a defense)."""
+    from reprlab.methods.otcclip.evaluation.flag_probe import probe_run, table
+
+    try:
+        wanted = [int(e) for e in epochs.split(",") if e.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--epochs takes comma-separated integers, got {epochs!r}") from None
+    typer.echo(table(probe_run(run_dir, wanted, defense, n_blend)))

@@ -25,3 +25,11 @@ class TrainConfig:
     )
     brightness: float = field(default=0.2, metadata={"help": "random brightness scale +- this"})
     word_dropout: float = field(default=0.1, metadata={"help": "EDA-style random word deletion probability"})
+    keep_every: int = field(
+        default=0,
+        metadata={
+            "help": "also keep every N-th epoch's checkpoint of each defense, beside the last two, to study how "
+            "training unfolds (scripts/otcclip_flag_probe.py reads them); 0 = the last two only",
+            "ge": 0,
+        },
+    )

@@ -52,6 +52,7 @@ def fit(
             trainer.optimizers(),
             extra={"history": history, "examples": trainer.examples},
             tag=defense,
+            keep_every=cfg.train.keep_every or None,
         )
     final = evaluate(model, tok, bed, cfg, folder, probe=True)
     if final_loss:
