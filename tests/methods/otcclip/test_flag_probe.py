@@ -11,7 +11,8 @@ import yaml
 
 from reprlab.config import load_config
 from reprlab.methods.otcclip import recipe
-from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, blend_cosine, occlusion_drop, probe_run
+from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, blend_cosine, occlusion_drop
+from reprlab.methods.otcclip.pipeline.flag_probe import probe_run
 from reprlab.runs import Run
 
 from .test_recipe import MINI
@@ -72,6 +73,20 @@ def test_probe_release_counts_equal_the_trainers(flag_run):
 def test_probe_names_a_missing_checkpoint(flag_run, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"step_00000009.*train.keep_every=1"):
         probe_run(flag_run, [9])
+    with pytest.raises(FileNotFoundError, match="config.yaml not found"):
+        probe_run(tmp_path, [2])
+
+
+def test_probe_refuses_a_streamed_run(flag_run, tmp_path):
+    import shutil
+
+    streamed = tmp_path / "s"
+    shutil.copytree(flag_run, streamed)
+    cfg = yaml.safe_load((streamed / "config.yaml").read_text())
+    cfg["stream"]["write_shards"] = True  # its pairs were shards, not the testbed the probe would rebuild
+    (streamed / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="in-memory testbed runs only"):
+        probe_run(streamed, [2])
 
 
 class _Mean(torch.nn.Module):

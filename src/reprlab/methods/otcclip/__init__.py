@@ -11,8 +11,8 @@ The package, from the entry points down (a module imports only from the rows bel
   ``report_sections``); ``cli.py``: ``reprlab otcclip audit | make-shards | poison | evaluate | flag-probe``;
   ``export.py``: ``reprlab export``'s open_clip / HF folders; ``recipes/*.yaml``: the recipes.
 * ``pipeline/``: what a run does, stage by stage (preflight, in-memory and streamed runs, the user-data stages -
-  files and poison - one defense's stage, the audit stage and command, the poison and evaluate commands, the
-  report).
+  files and poison - one defense's stage, the audit stage and command, the poison, evaluate and flag-probe
+  commands, the report).
 * ``evaluation/``: zero-shot, linear probe, ASRs; on our testbed or on the user's ImageFolders and poison
   manifest (``folder``); the poison audit; the flag probe (``flag_probe``: which feature test tells flagged
   poisons from flagged clean pairs, epoch by epoch).

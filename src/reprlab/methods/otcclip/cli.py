@@ -231,7 +231,7 @@ def flag_probe(
 ) -> None:
     """Which feature test tells the flagged backdoor poisons from the flagged clean pairs, epoch by epoch (AUROC;
     the testbed's poison labels are read, so this is a diagnostic of the flag, not a defense)."""
-    from reprlab.methods.otcclip.evaluation.flag_probe import probe_run, table
+    from reprlab.methods.otcclip.pipeline.flag_probe import probe_run, table
 
     try:
         wanted = [int(e) for e in epochs.split(",") if e.strip()]

@@ -25,7 +25,6 @@ get a caption of their own concept, and of flagged backdoor poisons that get one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -179,59 +178,3 @@ def _auroc(positive: torch.Tensor, score: torch.Tensor) -> float:
     if positive.all() or not positive.any():
         return float("nan")
     return float(roc_auc_score(positive.numpy(), score.double().numpy()))
-
-
-def probe_run(
-    run_dir: Path, epochs: list[int], defense: str = "otcclip", n_blend: int = 8
-) -> list[FlagProbe]:
-    """:func:`probe_epoch` at each of ``epochs`` of an in-memory testbed run of ``defense`` (its kept checkpoints:
-    ``train.keep_every``). Raises ``FileNotFoundError`` naming the missing checkpoint and how to keep it."""
-    from safetensors.torch import load_file
-
-    from reprlab.methods.otcclip.data.testbed import build_testbed
-    from reprlab.methods.otcclip.models.run_model import load_run_model
-    from reprlab.runs.checkpoint import load_checkpoint_dir
-
-    run_dir = Path(run_dir)
-    model, tok, cfg = load_run_model(run_dir, defense)
-    bed = build_testbed(cfg.data, cfg.seed)
-    pairs = bed.pairs
-    noisy = torch.zeros(len(pairs), dtype=torch.bool)
-    if bed.noisy_rows is not None:
-        noisy[bed.noisy_rows] = True
-    ids, mask = tok.encode(pairs.captions, cfg.model.max_len)
-    out = []
-    for epoch in epochs:
-        folder = run_dir / "checkpoints" / defense / f"step_{epoch:08d}"
-        if not (folder / "state.safetensors").is_file():
-            raise FileNotFoundError(
-                f"{folder} not found: the run kept no checkpoint after {epoch} epochs of {defense} "
-                "(train with train.keep_every=1 to keep every epoch's)"
-            )
-        load_checkpoint_dir(folder, {"model": model}, None, restore_rng=False)
-        state = load_file(str(folder / "state.safetensors"))
-        if "safe" not in state:
-            raise ValueError(
-                f"{folder / 'state.safetensors'} holds no flag state: did {defense} run with a flag?"
-            )
-        safe = state["safe"].bool()
-        held = state["held"].bool() if "held" in state else torch.zeros_like(safe)
-        out.append(
-            probe_epoch(model, pairs, ids, mask, safe, held, cfg.defense, epoch, n_blend, cfg.seed, noisy)
-        )
-    return out
-
-
-def table(probes: list[FlagProbe]) -> str:
-    """A Markdown table of :func:`probe_run`'s answer, one row per epoch."""
-    head = "| epoch | flagged clean / backdoor | release: clean / backdoor | " + " | ".join(TESTS)
-    head += " | target's clean flagged | other clean flagged | re-matched: clean to own concept | backdoor to target |"
-    lines = [head, "|" + "---|" * (len(TESTS) + 7)]
-    for p in probes:
-        cells = " | ".join(f"{p.auroc[t]:.3f}" for t in TESTS)
-        lines.append(
-            f"| {p.epoch} | {p.flagged_clean} / {p.flagged_backdoor} | {p.released_clean} / {p.released_backdoor} "
-            f"| {cells} | {p.target_clean_flagged:.2f} | {p.other_clean_flagged:.2f} "
-            f"| {p.rematch_clean_own_concept:.2f} | {p.rematch_backdoor_to_target:.2f} |"
-        )
-    return "\n".join(lines)
