@@ -173,6 +173,30 @@ def test_release_returns_flagged_pairs_that_score_like_the_accepted_ones():
     assert stats["released"] == 2
 
 
+def test_release_until_ends_the_release_after_its_epoch():
+    """The same planted release with flag_release_until=1: epoch 1 releases the two clean pairs; re-flagging them
+    by hand, epoch 2 releases nothing (without the key it releases them again); a window that cannot release is
+    refused by name."""
+    from reprlab.errors import ConfigError
+
+    kw = dict(flag_start=9, flag_until=9, flag_k=2, flag_duplicate_cos=2.0, flag_release_epoch=1)
+    flagged = torch.zeros(16, dtype=torch.bool)
+    flagged[[0, 6, 12, 13]] = True
+    for until, again in ((1, 0), (-1, 2)):
+        tr = _flagged_trainer(flag_release_quantile=0.75, flag_release_until=until, **kw)
+        tr.state.safe.copy_(~flagged)
+        assert tr.impl.start_epoch(tr, 1, "otc")["released"] == 2
+        tr.state.safe.copy_(~flagged)
+        stats = tr.impl.start_epoch(tr, 2, "otc")
+        assert stats.get("released", 0) == again
+        assert torch.equal(
+            ~tr.state.safe.cpu(), flagged if again == 0 else flagged & (torch.arange(16) >= 12)
+        )
+    for bad in (dict(flag_release_epoch=-1), dict(flag_release_epoch=3)):
+        with pytest.raises(ConfigError, match="flag_release_until"):
+            _flagged_trainer(**{**kw, **bad, "flag_release_until": 2})
+
+
 def test_rematch_false_leaves_otcclip_without_matching_epochs_and_roclip_unchanged():
     from reprlab.methods.otcclip.defenses import DefenseConfig, make_defense
 

@@ -136,6 +136,14 @@ class DefenseConfig:
         default=0.5,
         metadata={"help": "[ours] see flag_release_epoch", "gt": 0, "lt": 1},
     )
+    flag_release_until: int = field(
+        default=-1,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'What the features tell at the release'] the last epoch that "
+            "releases (-1 = every epoch from flag_release_epoch to the end): the first release is the selective "
+            "one, later ones hand back the poisons of a trigger the released pairs teach"
+        },
+    )
     flag_duplicates: bool = field(
         default=False,
         metadata={

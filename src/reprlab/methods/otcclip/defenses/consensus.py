@@ -203,6 +203,11 @@ def check_flag_options(cfg) -> None:
         raise ConfigError(
             f"defense.flag_until ({c.flag_until}) must be >= defense.flag_start ({c.flag_start})"
         )
+    if c.flag_release_until >= 0 and not 0 <= c.flag_release_epoch <= c.flag_release_until:
+        raise ConfigError(
+            f"defense.flag_release_until ({c.flag_release_until}) needs a release from an epoch at or before it: "
+            f"defense.flag_release_epoch is {c.flag_release_epoch}; or set defense.flag_release_until=-1"
+        )
     if c.flagged_unlearn > 0 and c.flagged_unlearn_rows == "held" and c.flag_cohort_start < 0:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
@@ -213,6 +218,15 @@ def check_flag_options(cfg) -> None:
                 f"defense.{key} acts on a held cohort: set defense.flag_cohort_start, or turn it off: "
                 f"defense.{key}={off}"
             )
+
+
+def releases(cfg, epoch: int) -> bool:
+    """Whether epoch ``epoch`` is a release epoch of OTCCLIP's ``DefenseConfig`` ``cfg`` (``flag_release_epoch``
+    to ``flag_release_until``; never in the trusted phase)."""
+    c = cfg
+    if not 0 <= c.flag_release_epoch <= epoch or 0 <= c.flag_release_until < epoch:
+        return False
+    return not 0 <= c.trust_epoch <= epoch  # the trusted phase releases nothing
 
 
 @torch.no_grad()
@@ -227,8 +241,7 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         return {}
     trust = epoch == c.trust_epoch
     flags = c.flag_start <= epoch <= c.flag_until
-    release = 0 <= c.flag_release_epoch <= epoch and (~tr.state.safe).any()
-    release &= not 0 <= c.trust_epoch <= epoch  # the trusted phase releases nothing
+    release = releases(c, epoch) and (~tr.state.safe).any()
     cohort = 0 <= c.flag_cohort_start <= epoch < c.flag_cohort_start + c.flag_cohort_epochs
     stats = {}
     if flags or release or trust or cohort:

@@ -30,7 +30,7 @@ import torch
 
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, CLEAN
 from reprlab.methods.otcclip.data.transforms import to_input
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, release_mask
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, release_mask, releases
 from reprlab.methods.otcclip.defenses.matching import otc_rematch
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 
@@ -124,7 +124,7 @@ def probe_epoch(
     score = consensus_scores(img, txt, dcfg.flag_k, dcfg.flag_duplicate_cos, voters=voters)
     kind = pairs.kind
     back = torch.zeros_like(safe)
-    if 0 <= dcfg.flag_release_epoch <= epoch and (~safe).any() and safe.any():
+    if releases(dcfg, epoch) and (~safe).any() and safe.any():
         back = release_mask(score, safe, img, dcfg.flag_release_quantile, dcfg.flag_release_together,
                             dcfg.flag_duplicate_cos) & ~held  # fmt: skip
     rows = torch.nonzero(~safe & ~held & ((kind == CLEAN) | (kind == BACKDOOR))).flatten()
