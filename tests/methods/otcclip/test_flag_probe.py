@@ -125,3 +125,16 @@ def test_blend_and_occlusion_on_a_known_tower(monkeypatch):
     # blanking the bright quarter takes image 1's cosine to 0; image 0 has nothing to lose
     drop = occlusion_drop(model, img, txt, block=16, stride=16)
     assert torch.allclose(drop, cos([0.0, 255 / 4]), atol=1e-6)
+
+
+def test_flag_probe_command_prints_one_row_per_epoch(flag_run):
+    from typer.testing import CliRunner
+
+    from reprlab.cli import app
+
+    out = CliRunner().invoke(app, ["otcclip", "flag-probe", str(flag_run), "--epochs", "2,3"])
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if line.startswith("| 2 ") or line.startswith("| 3 ")]
+    assert len(rows) == 2 and "support" in out.output
+    bad = CliRunner().invoke(app, ["otcclip", "flag-probe", str(flag_run), "--epochs", "two"])
+    assert bad.exit_code != 0 and "comma-separated integers" in bad.output
