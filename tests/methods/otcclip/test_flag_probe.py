@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from reprlab.config import load_config
+from reprlab.errors import RunFolderError
 from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, blend_cosine, occlusion_drop
 from reprlab.methods.otcclip.pipeline.flag_probe import probe_run
@@ -71,8 +72,9 @@ def test_probe_release_counts_equal_the_trainers(flag_run):
 
 
 def test_probe_names_a_missing_checkpoint(flag_run, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"step_00000009.*train.keep_every=1"):
+    with pytest.raises(FileNotFoundError, match=r"step_00000009") as err:
         probe_run(flag_run, [9])
+    assert "train.keep_every=1" in err.value.hint
     with pytest.raises(FileNotFoundError, match="config.yaml not found"):
         probe_run(tmp_path, [2])
 
@@ -85,7 +87,7 @@ def test_probe_refuses_a_streamed_run(flag_run, tmp_path):
     cfg = yaml.safe_load((streamed / "config.yaml").read_text())
     cfg["stream"]["write_shards"] = True  # its pairs were shards, not the testbed the probe would rebuild
     (streamed / "config.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ValueError, match="in-memory testbed runs only"):
+    with pytest.raises(RunFolderError, match="in-memory testbed runs only"):
         probe_run(streamed, [2])
 
 

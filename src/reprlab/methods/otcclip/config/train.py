@@ -29,7 +29,7 @@ class TrainConfig:
         default=0,
         metadata={
             "help": "also keep every N-th epoch's checkpoint of each defense, beside the last two, to study how "
-            "training unfolds (scripts/otcclip_flag_probe.py reads them); 0 = the last two only",
+            "training unfolds (reprlab otcclip flag-probe reads them); 0 = the last two only",
             "ge": 0,
         },
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from reprlab.errors import DataFileMissingError, RunFolderError
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, FlagProbe, probe_epoch
 from reprlab.methods.otcclip.models.run_model import load_run_model
@@ -19,11 +20,16 @@ def probe_run(
     run_dir: Path, epochs: list[int], defense: str = "otcclip", n_blend: int = 8
 ) -> list[FlagProbe]:
     """:func:`probe_epoch` at each of ``epochs`` of an in-memory testbed run of ``defense`` (its kept checkpoints:
-    ``train.keep_every``). Raises ``FileNotFoundError`` naming the missing checkpoint and how to keep it."""
+    ``train.keep_every``).
+
+    Raises:
+        DataFileMissingError: an epoch without a kept checkpoint (named, with the key that keeps it).
+        RunFolderError: a streamed run, or a checkpoint without flag state.
+    """
     run_dir = Path(run_dir)
     model, tok, cfg = load_run_model(run_dir, defense)
     if streaming(cfg):
-        raise ValueError(
+        raise RunFolderError(
             f"{run_dir} trained from a stream (stream.* or data.testbed=files): the flag probe rebuilds the in-memory "
             "testbed, whose poisons it knows, so it reads in-memory testbed runs only"
         )
@@ -37,14 +43,14 @@ def probe_run(
     for epoch in epochs:
         folder = run_dir / "checkpoints" / defense / f"step_{epoch:08d}"
         if not (folder / "state.safetensors").is_file():
-            raise FileNotFoundError(
-                f"{folder} not found: the run kept no checkpoint after {epoch} epochs of {defense} "
-                "(train with train.keep_every=1 to keep every epoch's)"
+            raise DataFileMissingError(
+                f"{folder} not found: the run kept no checkpoint after {epoch} epochs of {defense}",
+                hint="train with train.keep_every=1 to keep every epoch's checkpoint",
             )
         load_checkpoint_dir(folder, {"model": model}, None, restore_rng=False)
         state = load_file(str(folder / "state.safetensors"))
         if "safe" not in state:
-            raise ValueError(
+            raise RunFolderError(
                 f"{folder / 'state.safetensors'} holds no flag state: did {defense} run with a flag?"
             )
         safe = state["safe"].bool()
