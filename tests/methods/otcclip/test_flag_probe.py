@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from reprlab.config import load_config
-from reprlab.errors import RunFolderError
+from reprlab.errors import ConfigError, RunFolderError
 from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, blend_cosine, occlusion_drop
 from reprlab.methods.otcclip.pipeline.flag_probe import probe_run
@@ -30,7 +30,10 @@ FLAG = [
     "defense.flag_start=0",
     "defense.flag_until=1",
     "defense.flag_release_epoch=2",
-    "defense.flag_cohort_start=-1",
+    # a held cohort from epoch 1 (its top share, no purity or persistence), so the release must leave it out
+    "defense.flag_cohort_start=1",
+    "defense.flag_cohort_epochs=3",
+    "defense.flag_cohort_share=0.05",
     "defense.flag_cohort_purity=0",
     "defense.flag_cohort_persist=1",
     "defense.flag_cohort_grow=0",
@@ -59,11 +62,16 @@ def test_probe_release_counts_equal_the_trainers(flag_run):
         row = json.loads(line)
         if row.get("defense") == "otcclip" and "released" in row:
             logged[row["epoch"]] = row["released"]
-    assert set(logged) == {2, 3}, logged
+    assert set(logged) == {2, 3} and logged[2] > 0, logged
+    from safetensors.torch import load_file
+
+    held = load_file(str(flag_run / "checkpoints" / "otcclip" / "step_00000002" / "state.safetensors"))[
+        "held"
+    ]
+    assert held.any()  # the release's "not held" part is exercised
     probes = probe_run(flag_run, [2, 3])
     for p in probes:
         assert p.released == logged[p.epoch], (p, logged)
-        assert p.released_clean + p.released_backdoor <= p.released
         assert set(p.auroc) == set(TESTS)
         assert all(0.0 <= v <= 1.0 for v in p.auroc.values() if v == v)
         assert p.flagged_clean + p.flagged_backdoor > 0
@@ -72,11 +80,20 @@ def test_probe_release_counts_equal_the_trainers(flag_run):
 
 
 def test_probe_names_a_missing_checkpoint(flag_run, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"step_00000009") as err:
-        probe_run(flag_run, [9])
+    import shutil
+
+    pruned = tmp_path / "pruned"
+    shutil.copytree(flag_run, pruned)
+    shutil.rmtree(pruned / "checkpoints" / "otcclip" / "step_00000001")  # as without train.keep_every
+    with pytest.raises(FileNotFoundError, match=r"step_00000001") as err:
+        probe_run(pruned, [1])
     assert "train.keep_every=1" in err.value.hint
-    with pytest.raises(FileNotFoundError, match="config.yaml not found"):
+    with pytest.raises(RunFolderError, match="no config.yaml"):
         probe_run(tmp_path, [2])
+    with pytest.raises(ConfigError, match=r"between 1 and train.epochs \(4\)"):
+        probe_run(flag_run, [0])
+    with pytest.raises(ConfigError, match="was not trained"):
+        probe_run(flag_run, [2], defense="safeclip")
 
 
 def test_probe_refuses_a_streamed_run(flag_run, tmp_path):
@@ -127,6 +144,8 @@ def test_blend_and_occlusion_on_a_known_tower(monkeypatch):
     # blanking the bright quarter takes image 1's cosine to 0; image 0 has nothing to lose
     drop = occlusion_drop(model, img, txt, block=16, stride=16)
     assert torch.allclose(drop, cos([0.0, 255 / 4]), atol=1e-6)
+    none = torch.zeros(0, 1, 32, 32, dtype=torch.uint8)  # an epoch with nothing flagged: no rows, no error
+    assert blend_cosine(model, none, txt[:0], bg).shape == occlusion_drop(model, none, txt[:0]).shape == (0,)
 
 
 def test_flag_probe_command_prints_one_row_per_epoch(flag_run):

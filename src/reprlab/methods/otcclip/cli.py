@@ -237,4 +237,6 @@ def flag_probe(
         wanted = [int(e) for e in epochs.split(",") if e.strip()]
     except ValueError:
         raise typer.BadParameter(f"--epochs takes comma-separated integers, got {epochs!r}") from None
+    if not wanted:
+        raise typer.BadParameter(f"--epochs names no epoch: {epochs!r}")
     typer.echo(table(probe_run(run_dir, wanted, defense, n_blend)))

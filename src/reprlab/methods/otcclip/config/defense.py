@@ -140,8 +140,10 @@ class DefenseConfig:
         default=-1,
         metadata={
             "help": "[ours; docs/otcclip_testbed.md, 'What the features tell at the release'] the last epoch that "
-            "releases (-1 = every epoch from flag_release_epoch to the end): the first release is the selective "
-            "one, later ones hand back the poisons of a trigger the released pairs teach"
+            "releases (-1 = every epoch from flag_release_epoch to the end). Measured on the testbed: for "
+            "triggers learned late the first release hands back fewer of their poisons than of the flagged clean "
+            "pairs, the later ones more",
+            "ge": -1,
         },
     )
     flag_duplicates: bool = field(

@@ -13,7 +13,8 @@ is what would let a rule separate them):
 * ``image_support``: the same with the roles swapped (the captions of the image's nearest images).
 * ``own_cosine``: the pair's image-caption cosine.
 * ``blend_cosine``: the mean cosine of the pair's caption with its image blended half and half into each of
-  ``n_blend`` training images (STRIP's superimposition, Gao et al. 2019): a learned trigger survives the blend.
+  ``n_blend`` accepted pairs' images (STRIP's superimposition, Gao et al. 2019): a learned trigger survives the
+  blend.
 * ``occlusion_drop``: the largest fall of the own-pair cosine when one ``block`` x ``block`` square (stride
   ``stride``) is blanked: a local trigger carries the pair's fit.
 
@@ -42,8 +43,9 @@ class FlagProbe:
     """One epoch's answer. ``epoch``: the checkpoint after ``epoch`` epochs, i.e. the state the flag update of
     epoch ``epoch`` starts from. Counts are of flagged, not held, clean or backdoor pairs (targeted poisons are
     copies of a few images and left out). ``released``: how many pairs of every kind the release of that epoch hands
-    back (0 before ``flag_release_epoch``; outside the flag's own epochs the trainer logs the same number as
-    ``released``), ``released_clean`` / ``released_backdoor`` of them clean / backdoor. ``auroc``: test -> AUROC of
+    back (0 before ``flag_release_epoch``; outside the flag's own epochs, where the trainer flags before it releases,
+    the trainer logs the same number as ``released``), ``released_clean`` / ``released_backdoor`` of them clean /
+    backdoor. ``auroc``: test -> AUROC of
     backdoor against clean among the flagged (NaN without both). ``target_clean_flagged``: the flagged share of
     the clean pairs whose caption names the backdoor's target concept; ``other_clean_flagged``: of all other
     clean pairs. ``rematch_clean_own_concept``: the share of flagged clean pairs with a true caption whose
@@ -68,6 +70,8 @@ def blend_cosine(model, images: torch.Tensor, txt: torch.Tensor, backgrounds: to
     """``(R,)``: mean over ``backgrounds uint8 (B, C, H, W)`` of the cosine between ``txt (R, d)`` and the image
     ``(1 - mix) x + mix * background`` of each of ``images uint8 (R, C, H, W)``."""
     out = torch.zeros(len(images))
+    if len(images) == 0:
+        return out
     x = images.float()
     for bg in backgrounds.float():
         mixed = ((1 - mix) * x + mix * bg).round().clamp(0, 255).to(torch.uint8)
@@ -79,6 +83,8 @@ def blend_cosine(model, images: torch.Tensor, txt: torch.Tensor, backgrounds: to
 def occlusion_drop(model, images: torch.Tensor, txt: torch.Tensor, block: int = 16, stride: int = 8):
     """``(R,)``: the largest fall of the image-caption cosine (``images uint8 (R, C, H, W)``, ``txt (R, d)``)
     when one ``block`` x ``block`` square, moved by ``stride``, is set to 0."""
+    if len(images) == 0:
+        return torch.zeros(0)
     own = (embed_images(model, images) * txt).sum(1)
     h, w = images.shape[-2:]
     drop = torch.full((len(images),), float("-inf"))
@@ -132,8 +138,10 @@ def probe_epoch(
     tests = {"support": -score[rows], "own_cosine": (img[rows] * txt[rows]).sum(1)}
     side = consensus_scores(img, txt, dcfg.flag_k, dcfg.flag_duplicate_cos, side="image")
     tests["image_support"] = -side[rows]
+    # the backgrounds are accepted pairs' images, so that a flagged trigger is not blended into every probe image
     g = torch.Generator().manual_seed(seed)
-    bgs = pairs.images[torch.randperm(len(pairs), generator=g)[:n_blend]]
+    accepted = torch.nonzero(safe).flatten()
+    bgs = pairs.images[accepted[torch.randperm(len(accepted), generator=g)[:n_blend]]]
     tests["blend_cosine"] = blend_cosine(model, pairs.images[rows], txt[rows], bgs)
     tests["occlusion_drop"] = occlusion_drop(model, pairs.images[rows], txt[rows])
     clean = kind == CLEAN
