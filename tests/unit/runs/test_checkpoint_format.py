@@ -20,10 +20,12 @@ from reprlab.methods.smoke.recipe import Interrupted
 from reprlab.runner import execute
 from reprlab.runs import statefile
 from reprlab.runs.checkpoint import (
+    list_checkpoints,
     load_checkpoint_dir,
     rng_state,
     save_checkpoint_dir,
     sha256_file,
+    step_of,
 )
 
 FAST = ["train.epochs=1", "train.checkpoint_every=10"]  # 22 steps; checkpoints at 10, 20 and 22
@@ -269,3 +271,13 @@ def _make_legacy_manifest(ckpt):
 def test_resume_from_names_a_missing_checkpoint_with_the_ones_there_are(cut):
     result = cli.invoke(app, ["run", "smoke-digits", "--out", str(cut), "--resume-from", "step_7", *FAST])
     assert result.exit_code == 2 and "has no such checkpoint (it has: train/step_00000010)" in result.output
+
+
+def test_keep_every_spares_every_nth_step_beside_the_last_ones(tmp_path):
+    """keep_last=2, keep_every=2 over steps 1-7: the last two (6, 7) and every second before them (2, 4) stay."""
+    for step in range(1, 8):
+        save_checkpoint_dir(tmp_path, step, {}, None, keep_last=2, keep_every=2)
+    assert [step_of(f) for f in list_checkpoints(tmp_path)] == [2, 4, 6, 7]
+    for step in range(8, 10):  # without it, only the last two
+        save_checkpoint_dir(tmp_path, step, {}, None, keep_last=2)
+    assert [step_of(f) for f in list_checkpoints(tmp_path)] == [8, 9]
