@@ -299,3 +299,23 @@ def test_the_bank_records_caption_provenance_whenever_an_option_compares_it():
         tr = _planted(**opts)
         tr.step(ALL, 0, 0, "otc")  # a non-matching step enqueues the batch with its pairs
         assert torch.equal(tr.bank.loc[:16], torch.arange(16)), opts
+
+
+def test_whole_set_rematching_of_chosen_rows_over_a_chosen_pool():
+    """``rows``/``pool`` (the flag probe's use): the planted poisons, offered only the clean captions, get a clean
+    caption of their image's class, the captions the whole-set matching gives them; the index stays an index into
+    all captions."""
+    from reprlab.methods.otcclip.defenses.matching import rematch_whole_set
+
+    tr = _planted(match_schedule="epoch_start")
+    cfg = tr.impl.cfg
+    whole = rematch_whole_set(tr.model, tr.data.images, tr.ids, tr.mask, cfg, tr.device)["index"]
+    # the pool in reverse, so an index into it is not an index into the captions
+    rows, pool = torch.nonzero(POISON).flatten(), torch.nonzero(~POISON).flatten().flip(0)
+    got = rematch_whole_set(tr.model, tr.data.images, tr.ids, tr.mask, cfg, tr.device, rows=rows, pool=pool)
+    assert len(got["index"]) == len(rows) == len(got["err"])
+    assert set(got["index"].tolist()) <= set(pool.tolist())
+    assert (image_class(tr.data)[got["index"]] == image_class(tr.data)[rows]).all()
+    # the same caption content (captions of one class are identical here, so which copy wins a tie is the pool's
+    # order); the planted features decide each match by a wide margin, whichever rows share an image batch
+    assert torch.equal(tr.data.sig[got["index"]], tr.data.sig[whole[rows]])

@@ -181,6 +181,20 @@ def release_mask(score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, qua
     return back
 
 
+def released(
+    cfg, score: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, held: torch.Tensor | None = None
+):
+    """``bool (N,)``: what a release hands back from the flag state ``safe`` (OTCCLIP's ``DefenseConfig``
+    ``cfg``; ``score (N,)`` consensus scores, ``img (N, D)`` unit rows): :func:`release_mask` at
+    ``flag_release_quantile``, less the ``held`` cohort, which is never released; None when nothing is accepted
+    to compare with. Whether an epoch releases at all is :func:`releases`."""
+    if not safe.any():
+        return None
+    back = release_mask(score, safe, img, cfg.flag_release_quantile, cfg.flag_release_together,
+                        cfg.flag_duplicate_cos)  # fmt: skip
+    return back if held is None else back & ~held.to(back.device)
+
+
 # the flag options and their off values (check_flag_options)
 _NEEDS_A_FLAG = {"flag_vouch": "all", "flag_cohort_start": -1, "trust_epoch": -1, "flagged_unlearn": 0.0}
 
@@ -282,13 +296,9 @@ def update_flags(cfg, tr, epoch: int) -> dict:
             if c.flag_duplicates:
                 new = spread_to_duplicates(img, new.cpu(), c.flag_duplicate_cos).to(new.device)
             tr.state.safe &= ~new
-        if release and tr.state.safe.any():
-            back = release_mask(score, tr.state.safe, img, c.flag_release_quantile, c.flag_release_together,
-                                c.flag_duplicate_cos)  # fmt: skip
-            if (
-                held := getattr(tr.state, "held", None)
-            ) is not None:  # registered with flag_cohort_start only
-                back &= ~held
+        # the held cohort is registered with flag_cohort_start only
+        back = released(c, score, tr.state.safe, img, getattr(tr.state, "held", None)) if release else None
+        if back is not None:
             tr.state.safe |= back
             stats["released"] = int(back.sum())
         if top is not None:  # after the release; a cohort member is held for the rest of training

@@ -307,35 +307,42 @@ def rematch_whole_set(
     cfg: DefenseConfig,
     device: torch.device,
     chunk: int = 256,
+    rows: torch.Tensor | None = None,
+    pool: torch.Tensor | None = None,
 ) -> dict:
     """OTCCLIP re-matching of every training pair at once (``match_schedule='epoch_start'`` [ours]): images
     ``uint8 (N, C, H, W)`` and captions ``ids``/``mask (N, pos)`` encoded un-augmented in chunks, each image
     re-matched over all N captions. Returns ``index (N,)`` into the captions, their features ``txt`` and the OT
-    diagnostics ``err``/``conv (N, k)``."""
+    diagnostics ``err``/``conv (N, k)``.
+
+    ``rows``: only these images ``(R,)`` (``index``, ``err`` and ``conv`` then have R rows); ``pool``: offer only
+    these captions ``(P,)``, with no own caption kept by ``include_own``'s margin (the flag probe's question: which
+    accepted caption would a flagged image get). ``index`` stays an index into the N captions.
+    """
     c, dev = cfg, device
-    imgs = [model.encode_image(to_input(images[s : s + chunk]).to(dev)) for s in range(0, len(ids), chunk)]
+    rows = torch.arange(len(ids)) if rows is None else rows.cpu()
+    imgs = [model.encode_image(to_input(images[r]).to(dev)) for r in rows.split(chunk)]
     txts = [
         model.encode_text(ids[s : s + chunk].to(dev), mask[s : s + chunk].to(dev))
         for s in range(0, len(ids), chunk)
     ]
     g = torch.cat([t.global_ for t in txts])
     tokens, pool_mask = torch.cat([t.tokens for t in txts]), torch.cat([t.mask for t in txts])
+    offered = (g, tokens, pool_mask) if pool is None else (g[pool], tokens[pool], pool_mask[pool])
     index, err, conv = [], [], []
-    for s, img in zip(range(0, len(ids), chunk), imgs):
-        own = torch.arange(s, s + len(img.global_), device=dev) if c.include_own else None
+    for r, img in zip(rows.split(chunk), imgs):
+        own = r.to(dev) if c.include_own and pool is None else None
         m = otc_rematch(
             img.global_,
             img.patches,
-            g,
-            tokens,
-            pool_mask,
+            *offered,
             c.top_k,
             c.alpha,
             c.ot,
             own_index=own,
             margin=c.keep_margin,
         )
-        index.append(m.index)
+        index.append(m.index if pool is None else pool.to(dev)[m.index])
         err.append(m.marginal_error)
         conv.append(m.converged)
     return {

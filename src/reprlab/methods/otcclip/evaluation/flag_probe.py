@@ -18,7 +18,7 @@ is what would let a rule separate them):
 * ``occlusion_drop``: the largest fall of the own-pair cosine when one ``block`` x ``block`` square (stride
   ``stride``) is blanked: a local trigger carries the pair's fit.
 
-And what re-assigning the flagged pairs' captions would teach (OTCCLIP's re-matching, ``otc_rematch``, over the
+And what re-assigning the flagged pairs' captions would teach (OTCCLIP's re-matching, ``rematch_whole_set``, over the
 accepted pairs' captions, the own caption left out): the share of flagged clean pairs with a true caption that
 get a caption of their own concept, and of flagged backdoor poisons that get one of the target concept.
 """
@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, CLEAN
-from reprlab.methods.otcclip.data.transforms import to_input
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, release_mask, releases
-from reprlab.methods.otcclip.defenses.matching import otc_rematch
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, released, releases
+from reprlab.methods.otcclip.defenses.matching import rematch_whole_set
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 
 TESTS = ("support", "image_support", "own_cosine", "blend_cosine", "occlusion_drop")
@@ -97,31 +96,10 @@ def occlusion_drop(model, images: torch.Tensor, txt: torch.Tensor, block: int = 
 
 
 @torch.no_grad()
-def rematch_rows(model, images, ids, mask, rows, pool, dcfg, chunk: int = 256) -> torch.Tensor:
-    """``(R,)``: the index (into the N training captions) OTCCLIP's re-matching gives each image of ``rows``,
-    over the captions of ``pool`` (``(P,)`` indices; the image's own caption is not offered), with the solver
-    settings of ``dcfg``. ``images uint8 (N, C, H, W)``, ``ids``/``mask (N, pos)``."""
-    was = model.training
-    model.eval()
-    try:
-        txt = [model.encode_text(ids[p], mask[p]) for p in pool.split(chunk)]  # every row ids' full width
-        g, tokens = torch.cat([t.global_ for t in txt]), torch.cat([t.tokens for t in txt])
-        tmask = torch.cat([t.mask for t in txt])
-        out = []
-        for r in rows.split(chunk):
-            img = model.encode_image(to_input(images[r]))
-            m = otc_rematch(img.global_, img.patches, g, tokens, tmask, dcfg.top_k, dcfg.alpha, dcfg.ot)
-            out.append(pool[m.index])
-    finally:
-        model.train(was)
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
-
-
-@torch.no_grad()
 def probe_epoch(
     model, pairs, ids, mask, safe, held, dcfg, epoch: int, n_blend: int = 8, seed: int = 0, noisy=None
 ) -> FlagProbe:
-    """The probe at one epoch: ``model`` with that epoch's weights, ``pairs`` the training :class:`PairSet`,
+    """The probe at one epoch: ``model`` with that epoch's weights, in eval mode, ``pairs`` the training :class:`PairSet`,
     ``ids``/``mask (N, pos)`` its captions as the trainer tokenised them, ``safe``/``held bool (N,)`` the flag
     state of the checkpoint, ``dcfg`` OTCCLIP's defense config, ``noisy bool (N,)`` the testbed's alt-text noise
     (those captions are not true, so they are left out of the re-matching's concept share)."""
@@ -129,10 +107,8 @@ def probe_epoch(
     voters = safe if dcfg.flag_vouch == "unflagged" else None
     score = consensus_scores(img, txt, dcfg.flag_k, dcfg.flag_duplicate_cos, voters=voters)
     kind = pairs.kind
-    back = torch.zeros_like(safe)
-    if releases(dcfg, epoch) and (~safe).any() and safe.any():
-        back = release_mask(score, safe, img, dcfg.flag_release_quantile, dcfg.flag_release_together,
-                            dcfg.flag_duplicate_cos) & ~held  # fmt: skip
+    back = released(dcfg, score, safe, img, held) if releases(dcfg, epoch) and (~safe).any() else None
+    back = torch.zeros_like(safe) if back is None else back
     rows = torch.nonzero(~safe & ~held & ((kind == CLEAN) | (kind == BACKDOOR))).flatten()
     y = kind[rows] == BACKDOOR
     tests = {"support": -score[rows], "own_cosine": (img[rows] * txt[rows]).sum(1)}
@@ -146,9 +122,10 @@ def probe_epoch(
     tests["occlusion_drop"] = occlusion_drop(model, pairs.images[rows], txt[rows])
     clean = kind == CLEAN
     bd_sig = pairs.sig[kind == BACKDOOR]
+    target_sig = torch.mode(bd_sig).values if len(bd_sig) else None  # the caption concept the backdoor names
     target, other = float("nan"), float("nan")
-    if len(bd_sig):
-        on_target = clean & (pairs.sig == torch.mode(bd_sig).values)
+    if target_sig is not None:
+        on_target = clean & (pairs.sig == target_sig)
         target = float((~safe)[on_target].float().mean()) if on_target.any() else float("nan")
         rest = clean & ~on_target
         other = float((~safe)[rest].float().mean()) if rest.any() else float("nan")
@@ -159,12 +136,16 @@ def probe_epoch(
     pool = torch.nonzero(safe).flatten()
     own_concept = to_target = float("nan")
     if len(pool) and len(true_clean) + len(poisons):
-        got = rematch_rows(model, pairs.images, ids, mask, torch.cat([true_clean, poisons]), pool, dcfg)
+        asked = torch.cat([true_clean, poisons])
+        dev = next(model.parameters()).device
+        got = rematch_whole_set(model, pairs.images, ids, mask, dcfg, dev, rows=asked, pool=pool)[
+            "index"
+        ].cpu()
         got_c, got_p = got[: len(true_clean)], got[len(true_clean) :]
         if len(true_clean):
             own_concept = float((pairs.sig[got_c] == pairs.sig[true_clean]).float().mean())
         if len(poisons):
-            to_target = float((pairs.sig[got_p] == torch.mode(bd_sig).values).float().mean())
+            to_target = float((pairs.sig[got_p] == target_sig).float().mean())
     return FlagProbe(
         epoch=epoch,
         flagged_clean=int((~y).sum()),

@@ -55,6 +55,7 @@ def probe_run(
             f"--epochs takes epochs between 1 and train.epochs ({cfg.train.epochs}) of {run_dir}; got {epochs}"
         )
     model, tok, _ = load_run_model(run_dir, defense)
+    model.eval()
     bed = build_testbed(cfg.data, cfg.seed)
     pairs = bed.pairs
     noisy = torch.zeros(len(pairs), dtype=torch.bool)
