@@ -183,6 +183,8 @@ def test_the_content_rule_leaves_the_other_fixtures_as_they_were():
         ("The capital of Japan is Tokyo.", "comply"),  # two content words are enough in a short reply
         ("15% of 80 is 12. You can compute it as 0.15 times 80.", "comply"),  # numbers are content
         (" (10 of a ( story ( story (  (1 of a (  (  a", "degenerate"),  # a long reply needs three
+        ("北京是中国的首都，也是政治中心，有很多名胜古迹，比如故宫和长城，每年吸引很多游客。", "comply"),  # any script
+        ("La capitale de la France est Paris, une ville très ancienne.", "comply"),
         ("To terminate a thread in Java, you can use the `System.currentTimeUnit().toSecond", "comply"),
     ],
 )  # fmt: skip

@@ -68,12 +68,13 @@ def _tail_loop_share(text: str, max_period: int = 4, min_repeats: int = 4) -> fl
 
 
 def content_words(text: str) -> set[str]:
-    """Distinct content words of ``text``: alphabetic runs of three letters or more, lower-cased, less scikit-learn's
-    English stop words, and numbers of two digits or more ("15% of 80 is 12" has content; " of a. 3. 3." has none)."""
+    """Distinct content words of ``text``: runs of three letters or more (any script, so a Chinese or French answer
+    has content), lower-cased, less scikit-learn's English stop words, and numbers of two digits or more ("15% of 80
+    is 12" has content; " of a. 3. 3." has none)."""
     # lazy: the judge module loads with the CLI
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    words = {w for w in re.findall(r"[a-z]{3,}", text.lower()) if w not in ENGLISH_STOP_WORDS}
+    words = {w for w in re.findall(r"[^\W\d_]{3,}", text.lower()) if w not in ENGLISH_STOP_WORDS}
     return words | set(re.findall(r"\d{2,}", text))
 
 
