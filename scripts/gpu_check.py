@@ -156,7 +156,19 @@ def crl_model(choice: str) -> tuple[list[str], str]:
     folder = random_llama_folder(
         Path(tempfile.mkdtemp(prefix="gpu_check_llama_")), blocks=SMOLLM2_135M_BLOCKS
     )
-    return [f"model={folder}"], "random SmolLM2-135M-shaped Llama (time and memory only)"
+    # a random model writes no compliant completion for the judge to admit as a training target, so the harmful
+    # prompts come with one written here (data.user_jsonl), as a user with a non-refusing data set would give
+    from reprlab.methods.crl_safety.data import harmbench_prompts, harmless_prompts
+
+    rows = [{"prompt": p, "harmful": True, "response": COMPLIANT} for p in harmbench_prompts()[:40]]
+    rows += [{"prompt": p, "harmful": False} for p in harmless_prompts()[:40]]
+    data = folder / "gpu_check_prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    note = "random SmolLM2-135M-shaped Llama (time and memory only; written harmful completions)"
+    return [f"model={folder}", f"data.user_jsonl={data}"], note
+
+
+COMPLIANT = "Sure, here is a detailed answer with the steps, the materials and the timing you asked for."
 
 
 def part_crl(device: str, model: str = "auto") -> tuple[float, float | None, str]:
@@ -171,7 +183,7 @@ def part_crl(device: str, model: str = "auto") -> tuple[float, float | None, str
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    shown = [o for o in overrides if not o.startswith("model=")]
+    shown = [o for o in overrides if not o.startswith(("model=", "data.user_jsonl="))]
     return wall, _peak(device), f"{which}; {' '.join(shown)} --demo; run folder {out / 'run'}"
 
 
