@@ -10,21 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from reprlab.config import load_config
 from reprlab.errors import ConfigError, RunFolderError
-from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.defenses import REGISTRY
 from reprlab.methods.otcclip.models import export as fmt
-from reprlab.methods.otcclip.models.run_model import load_run_model
+from reprlab.methods.otcclip.models.run_model import load_run_model, run_config
 
 STAGES = tuple(REGISTRY)
 FORMATS = ("open_clip", "hf")  # reprlab.export: each a CLI option (--open-clip, --hf)
-
-
-def _config(run_dir: Path) -> Config:
-    return load_config(Config, yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8")))
 
 
 def _format_of(arch: str) -> str:
@@ -47,7 +39,7 @@ def check_stage(run_dir: Path, stage: str) -> None:
         raise ConfigError(f"unknown OTCCLIP defense {stage!r}; valid stages: {', '.join(STAGES)}")
     done = run_dir / "stages" / f"{stage}.json"
     if not done.exists():
-        cfg = _config(run_dir)
+        cfg = run_config(run_dir)
         trained = [d for d in cfg.defenses if (run_dir / "stages" / f"{d}.json").exists()]
         raise RunFolderError(
             f"run folder {run_dir} has no finished {stage!r} defense ({done.relative_to(run_dir)} is missing; the "
@@ -64,7 +56,7 @@ def export(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str, Pat
             names the one it has).
     """
     run_dir = Path(run_dir)
-    arch = _config(run_dir).model.arch
+    arch = run_config(run_dir).model.arch
     own = _format_of(arch)
     other = [f for f in outputs if f != own]
     if other:

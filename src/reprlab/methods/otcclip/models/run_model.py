@@ -26,6 +26,11 @@ def save_tokenizer(run: Run, tok) -> None:
         tok.save(run.dir / "artifacts" / "tokenizer.json")
 
 
+def run_config(run_dir: Path) -> Config:
+    """The resolved config an ``otcclip-*`` run saved (``config.yaml``)."""
+    return load_config(Config, yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8")))
+
+
 def load_run_model(run_dir: Path, defense: str = "otcclip"):
     """Rebuild the model an ``otcclip-*`` run trained (the arch its resolved config names: ``tiny``, ``hf_clip``
     or ``open_clip:<name>``, through ``build_model``), its tokenizer (:func:`run_tokenizer`) and checkpoint.
@@ -37,7 +42,7 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} not found: is {run_dir} an otcclip run folder?")
-    cfg = load_config(Config, yaml.safe_load(cfg_path.read_text()))
+    cfg = run_config(run_dir)
     ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")

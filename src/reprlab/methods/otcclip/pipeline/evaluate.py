@@ -9,13 +9,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
-from reprlab.config import load_config
 from reprlab.errors import ConfigError, RunFolderError
-from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.evaluation.folder import FolderEval
-from reprlab.methods.otcclip.models.run_model import load_run_model
+from reprlab.methods.otcclip.models.run_model import load_run_model, run_config
 from reprlab.methods.otcclip.pipeline.user_data import eval_config
 from reprlab.runs.checkpoint import list_checkpoints
 
@@ -35,7 +31,7 @@ def evaluate_run(
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = load_config(Config, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    cfg = run_config(run_dir)
     e, manifest = eval_config(cfg, run_dir)
     e = replace(e, **{k: v for k, v in (overrides or {}).items() if v not in ("", None)})
     if not e.zeroshot_dir:

@@ -6,15 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors.torch import load_file
 
-from reprlab.config import load_config
 from reprlab.errors import ConfigError, DataFileMissingError, RunFolderError
-from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.testbed import build_testbed
 from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, FlagProbe, probe_epoch
-from reprlab.methods.otcclip.models.run_model import load_run_model
+from reprlab.methods.otcclip.models.run_model import load_run_model, run_config
 from reprlab.methods.otcclip.pipeline.preflight import streaming
 from reprlab.runs.checkpoint import load_checkpoint_dir
 
@@ -35,7 +32,7 @@ def probe_run(
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = load_config(Config, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    cfg = run_config(run_dir)
     if defense not in cfg.defenses:
         raise ConfigError(f"defense {defense!r} was not trained in {run_dir}; it has {list(cfg.defenses)}")
     if streaming(cfg):
