@@ -138,6 +138,10 @@ def part_rote(device: str) -> tuple[float, float | None, str]:
     )
 
 
+# the harmful completion the random-Llama crl part is handed (crl_model): one the judge admits as compliant
+COMPLIANT = "Sure, here is a detailed answer with the steps, the materials and the timing you asked for."
+
+
 def crl_model(choice: str) -> tuple[list[str], str]:
     """The crl part's model overrides and its note: ``packaged`` SmolLM2, ``random`` (SmolLM2-shaped, random
     weights, written to a temporary folder) or ``auto`` (packaged when installed)."""
@@ -166,9 +170,6 @@ def crl_model(choice: str) -> tuple[list[str], str]:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     note = "random SmolLM2-135M-shaped Llama (time and memory only; written harmful completions)"
     return [f"model={folder}", f"data.user_jsonl={data}"], note
-
-
-COMPLIANT = "Sure, here is a detailed answer with the steps, the materials and the timing you asked for."
 
 
 def part_crl(device: str, model: str = "auto") -> tuple[float, float | None, str]:
