@@ -102,3 +102,18 @@ def test_in_memory_hf_clip_run_trains_with_its_tokenizer_folder(tmp_path, monkey
         seen["tok"].encode(["a bag top left"], 8)[0].tolist() == hf.encode(["a bag top left"], 8)[0].tolist()
     )
     assert not (run.dir / "artifacts" / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("entry", ["load_run_model", "export"])
+def test_a_folder_without_config_is_not_a_run_folder(tmp_path, entry):
+    """Every reader of a finished run (the audit's model loader, export, evaluate, the flag probe) goes through
+    ``run_config``, which names the folder and the missing config.yaml instead of a bare FileNotFoundError."""
+    from reprlab.errors import RunFolderError
+    from reprlab.methods.otcclip import export as otc_export
+
+    call = {
+        "load_run_model": lambda: load_run_model(tmp_path, "otcclip"),
+        "export": lambda: otc_export.export(tmp_path, "otcclip", {"open_clip": tmp_path / "out"}),
+    }[entry]
+    with pytest.raises(RunFolderError, match="not a run folder \\(no config.yaml\\)"):
+        call()

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from reprlab.config import load_config
+from reprlab.errors import RunFolderError
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
@@ -27,8 +28,15 @@ def save_tokenizer(run: Run, tok) -> None:
 
 
 def run_config(run_dir: Path) -> Config:
-    """The resolved config an ``otcclip-*`` run saved (``config.yaml``)."""
-    return load_config(Config, yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8")))
+    """The resolved config an ``otcclip-*`` run saved (``config.yaml``).
+
+    Raises:
+        RunFolderError: ``run_dir`` has no ``config.yaml`` (not a run folder).
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
+    return load_config(Config, yaml.safe_load(path.read_text(encoding="utf-8")))
 
 
 def load_run_model(run_dir: Path, defense: str = "otcclip"):
@@ -36,12 +44,10 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
     or ``open_clip:<name>``, through ``build_model``), its tokenizer (:func:`run_tokenizer`) and checkpoint.
 
     Raises:
+        RunFolderError: not a run folder (no ``config.yaml``).
         ModelNotAvailableError: ``open_clip:<name>`` where open-clip-torch does not import.
     """
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} not found: is {run_dir} an otcclip run folder?")
     cfg = run_config(run_dir)
     ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
     if not ckpts:

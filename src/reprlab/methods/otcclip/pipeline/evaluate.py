@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from reprlab.errors import ConfigError, RunFolderError
+from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.evaluation.folder import FolderEval
 from reprlab.methods.otcclip.models.run_model import load_run_model, run_config
 from reprlab.methods.otcclip.pipeline.user_data import eval_config
@@ -29,9 +29,7 @@ def evaluate_run(
         checkpoint. DataError: an unreadable folder, image or manifest (naming it).
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = run_config(run_dir)
+    cfg = run_config(run_dir)  # RunFolderError without config.yaml
     e, manifest = eval_config(cfg, run_dir)
     e = replace(e, **{k: v for k, v in (overrides or {}).items() if v not in ("", None)})
     if not e.zeroshot_dir:

@@ -30,9 +30,7 @@ def probe_run(
         DataFileMissingError: an epoch without a kept checkpoint (named, with the key that keeps it).
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
-    cfg = run_config(run_dir)
+    cfg = run_config(run_dir)  # RunFolderError without config.yaml
     if defense not in cfg.defenses:
         raise ConfigError(f"defense {defense!r} was not trained in {run_dir}; it has {list(cfg.defenses)}")
     if streaming(cfg):
