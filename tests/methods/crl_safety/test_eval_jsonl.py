@@ -150,7 +150,7 @@ def test_eval_source_ollama_forge_holds_no_prompt_of_the_training_sources():
     assert D.make_splits(1, 40, 12, 40, 20, 4, eval_source="ollama_forge").harmless_eval != sp.harmless_eval
     # the whole training source stays available: no held-out split is taken from it
     assert len(D.make_splits(0, 40, 12, 70, 20, 4, eval_source="ollama_forge").harmless_train) == 70
-    with pytest.raises(ConfigError, match=r"must be one of \('split', 'ollama_forge'\)"):
+    with pytest.raises(ConfigError, match=r"must be one of \('split', 'ollama_forge', 'harmbench'\)"):
         D.make_splits(0, 40, 12, 40, 20, 4, eval_source="advbench")
     with pytest.raises(ConfigError, match="both name the held-out prompts"):
         D.make_splits(0, 40, 12, 40, 20, 4, eval_jsonl="x.jsonl", eval_source="ollama_forge")

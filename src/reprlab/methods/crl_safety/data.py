@@ -244,13 +244,22 @@ def load_eval_jsonl(path: str | Path) -> EvalPrompts:
     )
 
 
-EVAL_SOURCES = ("split", "ollama_forge")
+EVAL_SOURCES = ("split", "ollama_forge", "harmbench")
 OLLAMA_FORGE_EVAL = "ollama-forge (AdvBench/JailbreakBench-derived harmful, Alpaca-style harmless)"
+HARMBENCH_EVAL = "HarmBench behaviours and our hand-written harmless prompts (ours_matched)"
+HARMFUL_SOURCES = ("harmbench_dna", "ollama_forge")
 
 
 def ollama_forge_harmful() -> list[str]:
     """ollama-forge's 1,434 harmful instructions (AdvBench, HarmBench, JailbreakBench and two more sources)."""
     return _read_lines(_package_dir("ollama_forge") / "data" / "abliterate_harmful_default.txt")
+
+
+def ollama_forge_harmful_without_harmbench() -> list[str]:
+    """ollama-forge's harmful instructions less the 200 HarmBench behaviours it holds (1,234) [ours: the training
+    side of the reverse cross-source check, which evaluates on HarmBench]."""
+    hb = {prompt_key(p) for p in harmbench_prompts()}
+    return [p for p in dict.fromkeys(ollama_forge_harmful()) if prompt_key(p) not in hb]
 
 
 def packaged_eval(source: str, seed: int, n_harmful: int, n_harmless: int, exclude: set[str]) -> EvalPrompts:
@@ -259,20 +268,25 @@ def packaged_eval(source: str, seed: int, n_harmful: int, n_harmless: int, exclu
     ``ollama_forge``: ``n_harmful`` of ollama-forge's harmful instructions and ``n_harmless`` of its Alpaca-style
     harmless ones, a seeded sample of those whose :func:`prompt_key` is not in ``exclude`` (every prompt of the
     training sources) [ours: a cross-source evaluation must not test prompts the training source holds, and
-    ollama-forge's harmful list includes HarmBench].
+    ollama-forge's harmful list includes HarmBench]. ``harmbench``, the reverse direction [ours]: HarmBench
+    behaviours and our hand-written harmless prompts (``ours_matched``, MIT), sampled the same way; it needs
+    ollama-forge as the training source (``harmful_source`` and ``harmless_source``).
     """
-    if source != "ollama_forge":
-        raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {source!r}")
+    if source == "ollama_forge":
+        pools, label = (ollama_forge_harmful(), harmless_prompts("ollama_forge")), OLLAMA_FORGE_EVAL
+    elif source == "harmbench":
+        pools, label = (harmbench_prompts(), harmless_prompts("ours_matched")), HARMBENCH_EVAL
+    else:
+        raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES[1:]}, got {source!r}")
     rng = random.Random(f"eval-source:{source}:{seed}")
     out = []
-    for pool, n, what in ((ollama_forge_harmful(), n_harmful, "harmful"),
-                          (harmless_prompts("ollama_forge"), n_harmless, "harmless")):  # fmt: skip
+    for pool, n, what in ((pools[0], n_harmful, "harmful"), (pools[1], n_harmless, "harmless")):
         pool = [p for p in dict.fromkeys(pool) if prompt_key(p) not in exclude]
         if n > len(pool):
             raise DataError(f"data.eval_source={source}: asked for {n} {what} prompts, {len(pool)} are not in "
                             "the training sources")  # fmt: skip
         out.append(rng.sample(pool, n))
-    return EvalPrompts(OLLAMA_FORGE_EVAL, out[0], out[1], {})
+    return EvalPrompts(label, out[0], out[1], {})
 
 
 @dataclass(frozen=True)
@@ -302,7 +316,8 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
                 n_harmless_eval: int, n_xstest: int, harmless_source: str = "ours",
                 dna_files: tuple[str, ...] = DNA_HARMFUL_FILES, user_jsonl: str = "",
                 eval_jsonl: str = "", eval_source: str = "split", n_harmful_val: int = 0,
-                n_harmless_val: int = 0, n_borderline_train: int = 0) -> PromptSplits:  # fmt: skip
+                n_harmless_val: int = 0, n_borderline_train: int = 0,
+                harmful_source: str = "harmbench_dna") -> PromptSplits:  # fmt: skip
     """Split by prompt. Held-out harmful prompts are HarmBench behaviours (the ASR definition's set);
     training harmful prompts are the other HarmBench behaviours plus Do-Not-Answer [ours].
 
@@ -327,9 +342,31 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
     Borderline training prompts (``n_borderline_train``) are XSTest-style prompts after the ``n_xstest``
     evaluated ones in the same seeded order, so the over-refusal set is exactly what it is without them and never
     overlaps them [ours].
+
+    ``harmful_source="ollama_forge"`` [ours] trains on ollama-forge's harmful instructions less the HarmBench
+    behaviours it holds (:func:`ollama_forge_harmful_without_harmbench`) instead of HarmBench + Do-Not-Answer; with
+    ``harmless_source="ollama_forge"`` and ``eval_source="harmbench"`` it is the reverse of the cross-source check.
     """
     if eval_source not in EVAL_SOURCES:
         raise ConfigError(f"data.eval_source must be one of {EVAL_SOURCES}, got {eval_source!r}")
+    if harmful_source not in HARMFUL_SOURCES:
+        raise ConfigError(f"data.harmful_source must be one of {HARMFUL_SOURCES}, got {harmful_source!r}")
+    if user_jsonl and harmful_source != HARMFUL_SOURCES[0]:
+        raise ConfigError(f"data.user_jsonl and data.harmful_source={harmful_source} both name the harmful training "
+                          "prompts; set one of them")  # fmt: skip
+    if not user_jsonl and eval_source != "split":
+        # a cross-source check evaluates on a source the training does not draw from
+        trains_on = {"ollama_forge"} & {harmful_source, harmless_source}
+        if eval_source == "ollama_forge" and trains_on:
+            raise ConfigError("data.eval_source=ollama_forge evaluates on ollama-forge, which the training also "
+                              "draws from (data.harmful_source / data.harmless_source); use eval_source=harmbench "
+                              "for the reverse direction, or 'split'")  # fmt: skip
+        if eval_source == "harmbench" and {harmful_source, harmless_source} != {"ollama_forge"}:
+            raise ConfigError(
+                "data.eval_source=harmbench evaluates on HarmBench and our harmless prompts, so the "
+                "training must come from another source: set data.harmful_source=ollama_forge and "
+                f"data.harmless_source=ollama_forge (got {harmful_source!r}, {harmless_source!r})"
+            )
     if eval_jsonl and eval_source != "split":
         raise ConfigError(f"data.eval_jsonl and data.eval_source={eval_source} both name the held-out prompts; "
                           "set one of them")  # fmt: skip
@@ -350,6 +387,13 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         rng.shuffle(safe)
         h_eval, h_train = _take(harm, n_h_ev, "harmful eval", src), harm[n_h_ev:]
         responses = {e.prompt: e.response for e in ex if e.response}
+    elif harmful_source == "ollama_forge":
+        harm = ollama_forge_harmful_without_harmbench()
+        rng.shuffle(harm)
+        h_eval, h_train = _take(harm, n_h_ev, "ollama-forge harmful eval"), harm[n_h_ev:]
+        safe = list(dict.fromkeys(harmless_prompts(harmless_source)))
+        rng.shuffle(safe)
+        responses = {}
     else:
         hb = list(dict.fromkeys(harmbench_prompts()))
         rng.shuffle(hb)
@@ -359,11 +403,12 @@ def make_splits(seed: int, n_harmful_train: int, n_harmful_eval: int, n_harmless
         # interleave so a small training set sees both sources
         rest = hb[n_h_ev:]
         h_train = [p for pair in zip(rest, dna) for p in pair] + rest[len(dna) :] + dna[len(rest) :]
+        harm = hb + dna
         safe = list(dict.fromkeys(harmless_prompts(harmless_source)))
         rng.shuffle(safe)
         responses = {}
     if eval_source != "split":  # every prompt the training source holds is kept out of the evaluation
-        pool = {prompt_key(p) for p in (harm if user_jsonl else hb + dna) + safe}
+        pool = {prompt_key(p) for p in harm + safe}
         ev = packaged_eval(eval_source, seed, n_harmful_eval, n_harmless_eval, pool)
     in_eval = set(h_eval)
     h_train = [p for p in h_train if p not in in_eval]

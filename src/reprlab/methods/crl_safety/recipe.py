@@ -72,9 +72,11 @@ def _h(text: str) -> dict:
 @dataclass(frozen=True)
 class DataCfg:
     n_harmful_train: int = field(
-        default=48, metadata=_h("harmful training prompts (HarmBench rest + Do-Not-Answer)")
+        default=48, metadata=_h("harmful training prompts (from data.harmful_source)")
     )
-    n_harmful_eval: int = field(default=16, metadata=_h("held-out HarmBench behaviours"))
+    n_harmful_eval: int = field(
+        default=16, metadata=_h("held-out harmful prompts (HarmBench behaviours unless another source is set)")
+    )
     n_harmless_train: int = field(default=32, metadata=_h("harmless training prompts"))
     n_harmless_eval: int = field(default=16, metadata=_h("held-out harmless prompts (benign compliance, KL)"))
     n_xstest: int = field(default=16, metadata=_h("XSTest-style prompts (over-refusal)"))
@@ -117,6 +119,15 @@ class DataCfg:
             "'ollama_forge' (CC BY-NC 4.0)"
         ),
     )
+    harmful_source: str = field(
+        default="harmbench_dna",
+        metadata=_h(
+            "harmful training prompts: 'harmbench_dna' (HarmBench's other behaviours + Do-Not-Answer, MIT / "
+            "Apache-2.0) or 'ollama_forge' [ours: the reverse cross-source check] (its AdvBench/JailbreakBench-derived "
+            "list less the HarmBench behaviours it holds)"
+        )
+        | {"choices": ("harmbench_dna", "ollama_forge")},
+    )
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
     eval_jsonl: str = field(
         default="",
@@ -131,9 +142,11 @@ class DataCfg:
         metadata=_h(
             "held-out prompts: 'split' (the training source's held-out split) or 'ollama_forge' [ours: a cross-source "
             "check]: n_harmful_eval AdvBench/JailbreakBench-derived harmful and n_harmless_eval Alpaca-style harmless "
-            "prompts of ollama-forge (CC BY-NC 4.0), none of them in the training sources"
+            "prompts of ollama-forge (CC BY-NC 4.0), none of them in the training sources; or 'harmbench' [ours: the "
+            "reverse direction, with harmful_source and harmless_source 'ollama_forge']: n_harmful_eval HarmBench "
+            "behaviours and n_harmless_eval of our hand-written harmless prompts (ours_matched)"
         )
-        | {"choices": ("split", "ollama_forge")},
+        | {"choices": ("split", "ollama_forge", "harmbench")},
     )
     system_prompt: str | None = field(
         default=None, metadata=_h("None keeps the template default; a string is sent as system message")
@@ -373,7 +386,8 @@ def _splits(cfg: Config):
     return make_splits(cfg.seed, d.n_harmful_train, d.n_harmful_eval, d.n_harmless_train, d.n_harmless_eval,
                        d.n_xstest, d.harmless_source, user_jsonl=d.user_jsonl, eval_jsonl=d.eval_jsonl,
                        eval_source=d.eval_source, n_harmful_val=d.n_harmful_val,
-                       n_harmless_val=d.n_harmless_val, n_borderline_train=d.n_borderline_train)  # fmt: skip
+                       n_harmless_val=d.n_harmless_val, n_borderline_train=d.n_borderline_train,
+                       harmful_source=d.harmful_source)  # fmt: skip
 
 
 def _validation_callback(peft, vsteps: set[int], snaps, do_validate, device, log, kind: str):
@@ -738,6 +752,7 @@ def _run(cfg: Config, run) -> dict:
                 summary[f"{m}.val_asr_prefill"] = sel["chosen"]["asr_prefill"]
     summary["harmful_eval_sure_targets"] = n_sure
     summary["eval_source"] = sp.eval_source
+    summary["harmful_source"] = "user_jsonl" if d.user_jsonl else d.harmful_source
     summary["eval_overlap_dropped"] = sp.eval_overlap_dropped
     if sp.borderline_train:
         summary["borderline_train_used"] = len(border)
