@@ -75,7 +75,8 @@ class DataCfg:
         default=48, metadata=_h("harmful training prompts (from data.harmful_source)")
     )
     n_harmful_eval: int = field(
-        default=16, metadata=_h("held-out harmful prompts (HarmBench behaviours unless another source is set)")
+        default=16,
+        metadata=_h("held-out harmful prompts (HarmBench behaviours unless another source is set)"),
     )
     n_harmless_train: int = field(default=32, metadata=_h("harmless training prompts"))
     n_harmless_eval: int = field(default=16, metadata=_h("held-out harmless prompts (benign compliance, KL)"))
