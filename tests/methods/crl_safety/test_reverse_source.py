@@ -65,3 +65,35 @@ def test_crl_cross_reverse_tiny_is_crl_cross_tiny_with_its_sources_swapped():
     assert swapped == cross.data
     assert (rev.defense, rev.sft, rev.attack) == (cross.defense, cross.sft, cross.attack)
     assert all_recipes()["crl-cross-reverse-tiny"].claims() == all_recipes()["crl-tiny"].claims()
+
+
+@pytest.mark.parametrize(
+    ("data", "says", "never"),
+    [
+        (
+            {},
+            ["HarmBench's other behaviours + Do-Not-Answer", "held-out split of the training source"],
+            "eval_source=",
+        ),
+        (
+            {"eval_source": "ollama_forge"},
+            [D.OLLAMA_FORGE_EVAL, "data.eval_source=ollama_forge: 0 harmful attacked"],
+            "held-out split",
+        ),
+        (
+            {"harmful_source": "ollama_forge", "harmless_source": "ollama_forge", "eval_source": "harmbench"},
+            ["ollama-forge's harmful list less its HarmBench behaviours", "Alpaca-style", D.HARMBENCH_EVAL],
+            "held-out split",
+        ),
+    ],
+)
+def test_the_report_names_the_training_and_evaluation_sources(tmp_path, data, says, never):
+    """A cross-source run's report must not call its evaluation prompts the training source's held-out split."""
+    import yaml
+
+    from reprlab.methods.crl_safety import recipe as R
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": "m", "data": data}))
+    setup = next(s for s in R.report_sections(tmp_path) if s.title == "Setup").text
+    assert all(x in setup for x in says), setup
+    assert never not in setup

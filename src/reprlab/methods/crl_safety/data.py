@@ -248,6 +248,14 @@ EVAL_SOURCES = ("split", "ollama_forge", "harmbench")
 OLLAMA_FORGE_EVAL = "ollama-forge (AdvBench/JailbreakBench-derived harmful, Alpaca-style harmless)"
 HARMBENCH_EVAL = "HarmBench behaviours and our hand-written harmless prompts (ours_matched)"
 HARMFUL_SOURCES = ("harmbench_dna", "ollama_forge")
+# how reports name each packaged source (data.harmful_source, data.harmless_source, data.eval_source)
+SOURCE_LABELS = {
+    "harmful": {"harmbench_dna": "HarmBench's other behaviours + Do-Not-Answer",
+                "ollama_forge": "ollama-forge's harmful list less its HarmBench behaviours"},
+    "harmless": {"ours": "our hand-written prompts", "ours_matched": "our hand-written prompts and task requests",
+                 "ollama_forge": "ollama-forge's Alpaca-style prompts"},
+    "eval": {"ollama_forge": OLLAMA_FORGE_EVAL, "harmbench": HARMBENCH_EVAL},
+}  # fmt: skip
 
 
 def ollama_forge_harmful() -> list[str]:

@@ -31,7 +31,7 @@ from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, 
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.chat import forward as chat_forward
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
-from reprlab.methods.crl_safety.data import REFUSALS, make_splits
+from reprlab.methods.crl_safety.data import REFUSALS, SOURCE_LABELS, make_splits
 from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline, validate
 from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.gcg import allowed_tokens
@@ -872,17 +872,37 @@ def report_sections(run_dir: Path) -> list[Section]:
     evals = {m: e for m, e in evals.items() if e is not None}
     out = []
     variant = cfg.get("variant", "full")
-    eval_file = (cfg.get("data") or {}).get("eval_jsonl") or ""
+    data = cfg.get("data") or {}
+    eval_file, eval_src = data.get("eval_jsonl") or "", data.get("eval_source") or "split"
     gen = _stage(run_dir, "generate") or {}
     n_ev = {k: len((gen.get("splits") or {}).get(k, [])) for k in ("harmful_eval", "harmless_eval")}
-    eval_line = (
-        f" Evaluation prompts: `{eval_file}` (data.eval_jsonl: {n_ev['harmful_eval']} harmful attacked, "
-        f"{n_ev['harmless_eval']} harmless for benign compliance; training prompts also in it were dropped from "
-        "training); over-refusal uses the packaged XSTest-style set."
-        if eval_file
-        else " Evaluation prompts: the held-out split of the training source; over-refusal uses the packaged "
-        "XSTest-style set."
+    counts = (
+        f"{n_ev['harmful_eval']} harmful attacked, {n_ev['harmless_eval']} harmless for benign compliance"
     )
+    if data.get("user_jsonl"):
+        train_line = f" Training prompts: `{data['user_jsonl']}` (data.user_jsonl)."
+    else:
+        harm_src, safe_src = (
+            data.get("harmful_source") or "harmbench_dna",
+            data.get("harmless_source") or "ours",
+        )
+        train_line = (
+            f" Training prompts: harmful from {SOURCE_LABELS['harmful'].get(harm_src, harm_src)}, harmless from "
+            f"{SOURCE_LABELS['harmless'].get(safe_src, safe_src)}."
+        )
+    if eval_file:
+        eval_line = (
+            f" Evaluation prompts: `{eval_file}` (data.eval_jsonl: {counts}; training prompts also in it were "
+            "dropped from training)"
+        )
+    elif eval_src != "split":
+        eval_line = (
+            f" Evaluation prompts: {SOURCE_LABELS['eval'].get(eval_src, eval_src)} (data.eval_source={eval_src}: "
+            f"{counts}, none of them in the training sources)"
+        )
+    else:
+        eval_line = " Evaluation prompts: the held-out split of the training source"
+    eval_line = train_line + eval_line + "; over-refusal uses the packaged XSTest-style set."
     out.append(
         Section(
             "Setup",
