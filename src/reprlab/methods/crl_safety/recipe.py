@@ -31,7 +31,13 @@ from reprlab.methods.crl_safety.capability import check_lm_eval, lm_eval_tasks, 
 from reprlab.methods.crl_safety.chat import ChatFormat, generate
 from reprlab.methods.crl_safety.chat import forward as chat_forward
 from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
-from reprlab.methods.crl_safety.data import REFUSALS, SOURCE_LABELS, make_splits
+from reprlab.methods.crl_safety.data import (
+    EVAL_SOURCES,
+    HARMFUL_SOURCES,
+    REFUSALS,
+    SOURCE_LABELS,
+    make_splits,
+)
 from reprlab.methods.crl_safety.evaluate import SURE_TARGET, AttackCfg, EvalData, evaluate, headline, validate
 from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.gcg import allowed_tokens
@@ -127,7 +133,7 @@ class DataCfg:
             "Apache-2.0) or 'ollama_forge' [ours: the reverse cross-source check] (its AdvBench/JailbreakBench-derived "
             "list less the HarmBench behaviours it holds)"
         )
-        | {"choices": ("harmbench_dna", "ollama_forge")},
+        | {"choices": HARMFUL_SOURCES},
     )
     user_jsonl: str = field(default="", metadata=_h("optional JSONL of {prompt, harmful, response?}"))
     eval_jsonl: str = field(
@@ -147,7 +153,7 @@ class DataCfg:
             "reverse direction, with harmful_source and harmless_source 'ollama_forge']: n_harmful_eval HarmBench "
             "behaviours and n_harmless_eval of our hand-written harmless prompts (ours_matched)"
         )
-        | {"choices": ("split", "ollama_forge", "harmbench")},
+        | {"choices": EVAL_SOURCES},
     )
     system_prompt: str | None = field(
         default=None, metadata=_h("None keeps the template default; a string is sent as system message")
