@@ -463,3 +463,47 @@ def test_rr_reroute_gradient_vanishes_at_the_start_and_not_once_states_differ():
     )  # c_retain(0) = 0
     moved = main(["--model", "tiny-llama", "--steps", "1", "--grad-steps", "1", "--b-std", "0.05"])[0]
     assert at_start["grad_reroute"] < 1e-4 < moved["grad_reroute"], (at_start, moved)
+
+
+def test_mining_both_trains_on_the_clean_and_the_attacked_harmful_states(tiny, data):
+    """``mining.harmful_pass='both'`` [ours]: on an attacked step the harmful triplet runs over the clean and the
+    attacked token states of one batch (the centroid over both, each frozen row paired twice), checked against the
+    two passes computed here with the model's own ``output_hidden_states``; the code's 'attacked' uses only the
+    attacked ones, and the two differ by far more than float noise under a real perturbation."""
+    import dataclasses
+
+    from reprlab.methods.crl_safety import losses as L
+
+    model, tok = tiny
+    harm, ben = data
+    peft = add_lora(model, r=4, alpha=8, dropout=0.0)
+    ih, ib = [0, 2, 4], [1, 3, 5]
+    got = {}
+    for mode in ("attacked", "both"):
+        cfg = _cfg()
+        cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, harmful_pass=mode))
+        tr = Trainer("crl_adv", peft, cfg, harm, ben, tok.pad_token_id, seed=0)
+        tr._mining_step = lambda step: True  # an attacked step, with the fixed module below
+        tr.attacker.refresh(torch.Generator().manual_seed(0))
+        with torch.no_grad():  # a real perturbation: scale the block's output and shift it
+            tr.attacker.module.weight.mul_(0.6)
+            tr.attacker.module.bias.fill_(0.3)
+        bh, bb = tr._batch(harm, ih), tr._batch(ben, ib)
+        _, info = tr._loss_crl(1, bh, bb, ih, ib)
+        got[mode] = info["l_harmful"]
+    lh, mask = tr.layers["harmful"], tr._token_mask(bh)
+    with torch.no_grad():
+        clean = peft(input_ids=bh.input_ids, attention_mask=bh.attention_mask, output_hidden_states=True)
+        with tr.attacker.module.attach(peft):
+            att = peft(input_ids=bh.input_ids, attention_mask=bh.attention_mask, output_hidden_states=True)
+    states = [torch.stack([o.hidden_states[i][mask] for i in lh]) for o in (clean, att)]
+    f_harm, _ = tr._frozen_rows("harmful", harm, ih, bh, logits=False)
+    h = tr._c(torch.cat(states, dim=1), lh)
+    f = tr._c(torch.cat([f_harm, f_harm], dim=1), lh)
+    mu = h.mean(dim=1, keepdim=True)
+    want = L.crl_harmful_loss(h, f, mu, tr.cfg.crl.d_harm, tr.cfg.crl.margin_harmful).item()
+    assert got["both"] == pytest.approx(want, rel=1e-4, abs=1e-5)  # two code paths of the same float sums
+    assert abs(got["both"] - got["attacked"]) > 1e-3
+    with pytest.raises(ValueError, match="harmful_pass"):
+        bad = dataclasses.replace(_cfg(), mining=dataclasses.replace(_cfg().mining, harmful_pass="clean"))
+        Trainer("crl_adv", peft, bad, harm, ben, tok.pad_token_id)

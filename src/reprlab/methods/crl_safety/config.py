@@ -185,6 +185,15 @@ class MiningCfg:
         default=1.85, metadata=_h("early stop of module training (code 1.85 over 100 its)")
     )
     window: int = field(default=10, metadata=_h("averaging window of the stop rule (code 100) [ours]"))
+    harmful_pass: str = field(
+        default="attacked",
+        metadata=_h(
+            "on a step the attack is used: 'attacked' (code) trains on the attacked harmful states in place of the "
+            "clean ones; 'both' [ours] trains on the clean and the attacked states of the same batch (one more "
+            "forward pass), so mining adds hard negatives without taking the clean harmful signal away"
+        )
+        | {"choices": ("attacked", "both")},
+    )
     init: str = field(
         default="identity",
         metadata=_h(

@@ -171,6 +171,8 @@ class Trainer:
             m = cfg.mining
             blocks = [b for b in parse_layers(m.blocks, self.n_layers) if b < self.n_layers]
             d_model = model.get_input_embeddings().weight.shape[1]
+            if m.harmful_pass not in ("attacked", "both"):
+                raise ValueError(f"mining.harmful_pass must be 'attacked' or 'both', got {m.harmful_pass!r}")
             self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device, init=m.init)
             self._gen = torch.Generator().manual_seed(seed)
             # the attack draws its own batches and coin flips, so CRL and CRL+mining see the same training batches
@@ -368,6 +370,7 @@ class Trainer:
         lh, lb = self.layers["harmful"], self.layers["benign"]
         union = sorted(set(lh) | set(lb))
         mh, mb = self._token_mask(bh), self._token_mask(bb)
+        both = adv and self.cfg.mining.harmful_pass == "both"
         if adv:
             with self.attacker.module.attach(self.model):
                 oh = self._fwd(bh, logits_last=1)
@@ -376,6 +379,12 @@ class Trainer:
         h_harm = self._c(
             L.select_tokens(self._hidden(oh, union), union, mh), union
         )  # [union, n_tok, d_model]
+        # with 'both' the clean states join the attacked ones: [union, 2 n_tok, d_model], frozen rows doubled below
+        if both:
+            oc = self._fwd(bh, logits_last=1)
+            h_harm = torch.cat(
+                [self._c(L.select_tokens(self._hidden(oc, union), union, mh), union), h_harm], dim=1
+            )
         mu = L.harmful_centroid(h_harm, c.detach_centroid)  # [union, 1, d_model]
         pick = lambda layers: [union.index(i) for i in layers]  # noqa: E731
         benign_kl = c.kl_data != "retain"  # the benign batch's logits are needed only for its own KL
@@ -384,6 +393,8 @@ class Trainer:
         f_harm, _ = self._frozen_rows("harmful", self.harmful, ih, bh, logits=False)
         f_ben, f_logits = self._frozen_rows("benign", self.benign, ib, bb, logits=benign_kl)
         f_harm, f_ben = self._c(f_harm, lh), self._c(f_ben, lb)
+        if both:
+            f_harm = torch.cat([f_harm, f_harm], dim=1)
         l_b = L.crl_benign_loss(h_ben, f_ben, mu[pick(lb)], c.d_pos, c.d_neg, c.margin_benign)
         l_h = L.crl_harmful_loss(h_harm[pick(lh)], f_harm, mu[pick(lh)], c.d_harm, c.margin_harmful)
         if c.kl_data == "retain":
