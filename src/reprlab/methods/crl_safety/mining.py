@@ -8,7 +8,7 @@ it): Adam on the cross-entropy of harmful completions, stopping when the mean of
 losses falls below ``stop_loss``. The trainer refreshes it at a random block every ``refresh_every`` steps,
 gives it ``extra_iters`` iterations on other steps, and with probability ``prob`` (when the recent attack
 losses average below ``gate_loss``) runs the harmful forward pass through it, so perturbed harmful states
-feed μ′_h and L_h.
+feed μ′_h and L_h in place of the clean ones; ``MiningCfg.harmful_pass='both'`` [ours] keeps the clean states too.
 """
 
 from __future__ import annotations
