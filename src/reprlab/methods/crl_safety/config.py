@@ -168,6 +168,9 @@ class RrCfg:
     )
 
 
+MINING_HARMFUL_PASSES = ("attacked", "both")
+
+
 @dataclass(frozen=True)
 class MiningCfg:
     blocks: str = field(
@@ -192,7 +195,7 @@ class MiningCfg:
             "clean ones; 'both' [ours] trains on the clean and the attacked states of the same batch (one more "
             "forward pass), so mining adds hard negatives without taking the clean harmful signal away"
         )
-        | {"choices": ("attacked", "both")},
+        | {"choices": MINING_HARMFUL_PASSES},
     )
     init: str = field(
         default="identity",

@@ -29,7 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from reprlab.methods.crl_safety import losses as L
 from reprlab.methods.crl_safety.chat import Batch, collate, forward, response_logits
-from reprlab.methods.crl_safety.config import DefenseCfg, SftCfg
+from reprlab.methods.crl_safety.config import MINING_HARMFUL_PASSES, DefenseCfg, SftCfg
 from reprlab.methods.crl_safety.frozen import FrozenStore
 from reprlab.methods.crl_safety.layers import num_layers, parse_layers
 from reprlab.methods.crl_safety.metrics import response_states
@@ -171,8 +171,10 @@ class Trainer:
             m = cfg.mining
             blocks = [b for b in parse_layers(m.blocks, self.n_layers) if b < self.n_layers]
             d_model = model.get_input_embeddings().weight.shape[1]
-            if m.harmful_pass not in ("attacked", "both"):
-                raise ValueError(f"mining.harmful_pass must be 'attacked' or 'both', got {m.harmful_pass!r}")
+            if m.harmful_pass not in MINING_HARMFUL_PASSES:
+                raise ValueError(
+                    f"mining.harmful_pass must be one of {MINING_HARMFUL_PASSES}, got {m.harmful_pass!r}"
+                )
             self.attacker = LatentAttacker(d_model, blocks, m.lr, self.device, init=m.init)
             self._gen = torch.Generator().manual_seed(seed)
             # the attack draws its own batches and coin flips, so CRL and CRL+mining see the same training batches
@@ -376,15 +378,12 @@ class Trainer:
                 oh = self._fwd(bh, logits_last=1)
         else:
             oh = self._fwd(bh, logits_last=1)
-        h_harm = self._c(
-            L.select_tokens(self._hidden(oh, union), union, mh), union
-        )  # [union, n_tok, d_model]
-        # with 'both' the clean states join the attacked ones: [union, 2 n_tok, d_model], frozen rows doubled below
-        if both:
-            oc = self._fwd(bh, logits_last=1)
-            h_harm = torch.cat(
-                [self._c(L.select_tokens(self._hidden(oc, union), union, mh), union), h_harm], dim=1
-            )
+        harm_states = lambda o: self._c(L.select_tokens(self._hidden(o, union), union, mh), union)  # noqa: E731
+        h_harm = harm_states(oh)  # [union, n_tok, d_model]
+        if (
+            both
+        ):  # the clean states join the attacked ones: [union, 2 n_tok, d_model], frozen rows doubled below
+            h_harm = torch.cat([harm_states(self._fwd(bh, logits_last=1)), h_harm], dim=1)
         mu = L.harmful_centroid(h_harm, c.detach_centroid)  # [union, 1, d_model]
         pick = lambda layers: [union.index(i) for i in layers]  # noqa: E731
         benign_kl = c.kl_data != "retain"  # the benign batch's logits are needed only for its own KL
