@@ -380,9 +380,8 @@ class Trainer:
             oh = self._fwd(bh, logits_last=1)
         harm_states = lambda o: self._c(L.select_tokens(self._hidden(o, union), union, mh), union)  # noqa: E731
         h_harm = harm_states(oh)  # [union, n_tok, d_model]
-        if (
-            both
-        ):  # the clean states join the attacked ones: [union, 2 n_tok, d_model], frozen rows doubled below
+        # with 'both' the clean states join the attacked ones: [union, 2 n_tok, d_model], frozen rows doubled below
+        if both:
             h_harm = torch.cat([harm_states(self._fwd(bh, logits_last=1)), h_harm], dim=1)
         mu = L.harmful_centroid(h_harm, c.detach_centroid)  # [union, 1, d_model]
         pick = lambda layers: [union.index(i) for i in layers]  # noqa: E731
