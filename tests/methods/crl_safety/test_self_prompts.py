@@ -4,6 +4,7 @@ a folder without them: test_borderline.py)."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from reprlab.config import load_config
@@ -146,10 +147,15 @@ def test_smollm2_writes_user_prompts_deterministically_without_touching_the_glob
     assert turns[0] == turns[1] and turns[0] != turns[2]
 
 
-def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch):
+@pytest.mark.parametrize("role", ["benign", "retain"])
+def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(tmp_path, monkeypatch, role):
+    # role 'retain' (defense.crl.self_written): CRL's triplet benign set goes without them, its KL retain batch has
+    # them; the borderline prompts keep their own (default) role either way
+    crl = {"kl_data": "retain", "self_written": "retain"} if role == "retain" else {}
     t = {**TINY, "models": ["refusal", "rr", "crl"],
          "data": {**TINY["data"], "user_jsonl": compliant_jsonl(tmp_path), "n_self_benign": 3,
-                  "n_borderline_train": 2}}  # fmt: skip
+                  "n_borderline_train": 2},
+         "defense": {**TINY["defense"], "crl": crl}}  # fmt: skip
     cfg = load_config(R.Config, t)
     sp = R._splits(cfg)
     written = ["Explain how tides work in simple words.", "Write a short poem about autumn leaves.",
@@ -202,7 +208,27 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
     prompts_of = lambda pairs: {tuple(p) for p, _ in pairs}  # noqa: E731
     kept, refused = {ids[written[0]], ids[written[2]]}, ids[written[1]]
     assert not prompts_of(seen["sft"][0]) & set(ids.values())  # stage 0 trains without them
+    border = {tuple(fmt.prompt_ids(p)) for p in sp.borderline_train}
     for kind in ("rr", "crl"):
         ben, retain = seen[kind]
-        assert kept <= prompts_of(ben) and refused not in prompts_of(ben), kind
+        if kind == "crl" and role == "retain":
+            assert not prompts_of(ben) & set(ids.values())
+        else:
+            assert kept <= prompts_of(ben) and refused not in prompts_of(ben), kind
+        assert border <= prompts_of(ben), kind
         assert kept <= prompts_of(retain) and refused not in prompts_of(retain), kind
+
+
+def test_self_written_in_the_retain_term_only_needs_the_retain_batch_and_self_written_prompts():
+    from reprlab.errors import ConfigError
+
+    def cfg(crl, n):
+        return load_config(R.Config, {**TINY, "data": {**TINY["data"], "n_self_benign": n},
+                                      "defense": {**TINY["defense"], "crl": crl}})  # fmt: skip
+
+    with pytest.raises(ConfigError, match="kl_data=retain"):
+        R.preflight(cfg({"self_written": "retain"}, 4))
+    with pytest.raises(ConfigError, match="n_self_benign > 0"):
+        R.preflight(cfg({"self_written": "retain", "kl_data": "retain"}, 0))
+    with pytest.raises(ConfigError, match=r"expected one of \['benign', 'retain'\]"):  # the loader's choices
+        R.preflight(cfg({"self_written": "both"}, 4))

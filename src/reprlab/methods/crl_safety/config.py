@@ -108,6 +108,15 @@ class CrlCfg:
         )
         | {"choices": ("benign", "retain")},
     )
+    self_written: str = field(
+        default="benign",
+        metadata=_h(
+            "[ours; docs/crl_safety.md, 'Prompts the model writes itself'] where data.n_self_benign's prompts train "
+            "CRL: 'benign' (the triplet's benign set and the KL retain batch) or 'retain' (the KL retain batch only, "
+            "needs kl_data=retain: their replies are kept, their states are not pulled to the benign side)"
+        )
+        | {"choices": ("benign", "retain")},
+    )
 
 
 @dataclass(frozen=True)

@@ -351,6 +351,12 @@ def preflight(cfg: Config) -> None:
             f"defense.crl.kl_data=retain (got {crl.kl_data!r}) and data.n_borderline_train > 0 "
             f"(got {cfg.data.n_borderline_train})"
         )
+    if crl.self_written == "retain" and (crl.kl_data != "retain" or cfg.data.n_self_benign == 0):
+        raise ConfigError(
+            "defense.crl.self_written=retain trains the self-written prompts in the KL retain batch only: it needs "
+            f"defense.crl.kl_data=retain (got {crl.kl_data!r}) and data.n_self_benign > 0 "
+            f"(got {cfg.data.n_self_benign})"
+        )
     _splits(cfg)  # reads and validates every prompt file; cheap (text files only)
     if cfg.capability.mc:
         load_mc(cfg.capability.mc_file)  # validates a user's file before any model loads
@@ -603,9 +609,14 @@ def _run(cfg: Config, run) -> dict:
     )
     extra = answered(g["splits"]["self_benign"], g["self_benign"], "self-written") if d.n_self_benign else []
     benign_def = benign + border + extra
-    # crl.borderline='retain': the borderline pairs reach CRL through its retain batch (retain=benign_def) only;
-    # the self-written ones stay in its triplet set as well, as with the default role
-    triplet_benign = benign + (border if cfg.defense.crl.borderline != "retain" else []) + extra
+    # crl.borderline / crl.self_written = 'retain': those pairs reach CRL through its retain batch (retain=benign_def)
+    # only, so the KL keeps their replies while the triplet does not pull their states
+    crl = cfg.defense.crl
+    triplet_benign = (
+        benign
+        + (border if crl.borderline != "retain" else [])
+        + (extra if crl.self_written != "retain" else [])
+    )
     benign_crl = triplet_benign + refusals if cfg.defense.crl.benign_includes_refusals else triplet_benign
     ev = EvalData(sp.harmful_eval, ev_replies, sp.harmless_eval,
                   [pair(p, r, False) for p, r in zip(sp.harmless_eval, g["harmless_eval"])],
