@@ -74,19 +74,23 @@ def test_only_answered_borderline_prompts_reach_the_defences_and_not_stage_0(tmp
         assert kept <= prompts_of(retain) and ids[refused] not in prompts_of(retain), kind
 
 
-def test_borderline_in_the_retain_term_only_needs_the_retain_batch_and_borderline_prompts():
+@pytest.mark.parametrize(
+    ("role", "n_key"), [("borderline", "n_borderline_train"), ("self_written", "n_self_benign")]
+)
+def test_a_retain_only_role_needs_the_retain_batch_and_its_prompts(role, n_key):
+    # defense.crl.borderline / defense.crl.self_written = retain (self-written prompts: test_self_prompts.py)
     from reprlab.errors import ConfigError
 
     def cfg(crl, n):
-        return load_config(R.Config, {**TINY, "data": {**TINY["data"], "n_borderline_train": n},
+        return load_config(R.Config, {**TINY, "data": {**TINY["data"], n_key: n},
                                       "defense": {**TINY["defense"], "crl": crl}})  # fmt: skip
 
     with pytest.raises(ConfigError, match="kl_data=retain"):
-        R.preflight(cfg({"borderline": "retain"}, 4))
-    with pytest.raises(ConfigError, match="n_borderline_train > 0"):
-        R.preflight(cfg({"borderline": "retain", "kl_data": "retain"}, 0))
+        R.preflight(cfg({role: "retain"}, 4))
+    with pytest.raises(ConfigError, match=f"{n_key} > 0"):
+        R.preflight(cfg({role: "retain", "kl_data": "retain"}, 0))
     with pytest.raises(ConfigError, match=r"expected one of \['benign', 'retain'\]"):  # the loader's choices
-        R.preflight(cfg({"borderline": "both"}, 4))
+        R.preflight(cfg({role: "both"}, 4))
 
 
 @pytest.mark.parametrize(

@@ -217,18 +217,3 @@ def test_only_answered_self_written_prompts_reach_the_defences_and_not_stage_0(t
             assert kept <= prompts_of(ben) and refused not in prompts_of(ben), kind
         assert border <= prompts_of(ben), kind
         assert kept <= prompts_of(retain) and refused not in prompts_of(retain), kind
-
-
-def test_self_written_in_the_retain_term_only_needs_the_retain_batch_and_self_written_prompts():
-    from reprlab.errors import ConfigError
-
-    def cfg(crl, n):
-        return load_config(R.Config, {**TINY, "data": {**TINY["data"], "n_self_benign": n},
-                                      "defense": {**TINY["defense"], "crl": crl}})  # fmt: skip
-
-    with pytest.raises(ConfigError, match="kl_data=retain"):
-        R.preflight(cfg({"self_written": "retain"}, 4))
-    with pytest.raises(ConfigError, match="n_self_benign > 0"):
-        R.preflight(cfg({"self_written": "retain", "kl_data": "retain"}, 0))
-    with pytest.raises(ConfigError, match=r"expected one of \['benign', 'retain'\]"):  # the loader's choices
-        R.preflight(cfg({"self_written": "both"}, 4))
