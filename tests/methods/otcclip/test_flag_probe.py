@@ -12,7 +12,8 @@ import yaml
 from reprlab.config import load_config
 from reprlab.errors import ConfigError, RunFolderError
 from reprlab.methods.otcclip import recipe
-from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, blend_cosine, occlusion_drop
+from reprlab.methods.otcclip.defenses.blend import blend_cosine
+from reprlab.methods.otcclip.evaluation.flag_probe import TESTS, occlusion_drop
 from reprlab.methods.otcclip.pipeline.flag_probe import probe_run
 from reprlab.runs import Run
 
@@ -30,6 +31,8 @@ FLAG = [
     "defense.flag_start=0",
     "defense.flag_until=1",
     "defense.flag_release_epoch=2",
+    # the blend veto on the release, so the probe must draw the backgrounds the trainer drew
+    "defense.flag_release_veto=0.3",
     # a held cohort from epoch 1 (its top share, no purity or persistence), so the release must leave it out
     "defense.flag_cohort_start=1",
     "defense.flag_cohort_epochs=3",
@@ -57,12 +60,13 @@ def test_keep_every_keeps_each_epochs_checkpoint(flag_run):
 
 
 def test_probe_release_counts_equal_the_trainers(flag_run):
-    logged = {}
+    logged, vetoed = {}, {}
     for line in (flag_run / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if row.get("defense") == "otcclip" and "released" in row:
-            logged[row["epoch"]] = row["released"]
+            logged[row["epoch"]], vetoed[row["epoch"]] = row["released"], row["release_vetoed"]
     assert set(logged) == {2, 3} and logged[2] > 0, logged
+    assert vetoed[2] > 0, vetoed  # the veto acted, so equal counts need the same backgrounds
     from safetensors.torch import load_file
 
     held = load_file(str(flag_run / "checkpoints" / "otcclip" / "step_00000002" / "state.safetensors"))[
@@ -126,9 +130,11 @@ class _Mean(torch.nn.Module):
 
 
 def test_blend_and_occlusion_on_a_known_tower(monkeypatch):
+    from reprlab.methods.otcclip.defenses import blend
     from reprlab.methods.otcclip.evaluation import flag_probe
 
-    monkeypatch.setattr(flag_probe, "embed_images", lambda model, x: model.encode_image(x.float()).global_)
+    for module in (blend, flag_probe):
+        monkeypatch.setattr(module, "embed_images", lambda model, x: model.encode_image(x.float()).global_)
     model = _Mean()
     img = torch.zeros(2, 1, 32, 32, dtype=torch.uint8)
     img[1, :, :16, :16] = 255  # one bright quarter

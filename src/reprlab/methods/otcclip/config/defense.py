@@ -146,6 +146,17 @@ class DefenseConfig:
             "ge": -1,
         },
     )
+    flag_release_veto: float = field(
+        default=0.0,
+        metadata={
+            "help": "[ours; docs/otcclip_testbed.md, 'A blend veto on the release'] the share of each release "
+            "that stays flagged: the released pairs whose caption keeps the highest cosine with their image "
+            "blended half and half into 8 accepted pairs' images (STRIP's test, Gao et al. 2019; a learned "
+            "trigger survives the blend). 0 = off",
+            "ge": 0,
+            "lt": 1,
+        },
+    )
     flag_duplicates: bool = field(
         default=False,
         metadata={

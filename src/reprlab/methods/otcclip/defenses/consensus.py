@@ -25,6 +25,7 @@ import torch
 
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
+from reprlab.methods.otcclip.defenses.blend import blend_veto
 from reprlab.methods.otcclip.defenses.losses import unimodal_loss
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 from reprlab.train.dist import all_gather_nograd, all_gather_with_grad
@@ -187,12 +188,25 @@ def released(
     """``bool (N,)``: what a release hands back from the flag state ``safe`` (OTCCLIP's ``DefenseConfig``
     ``cfg``; ``score (N,)`` consensus scores, ``img (N, D)`` unit rows): :func:`release_mask` at
     ``flag_release_quantile``, less the ``held`` cohort, which is never released; None when nothing is accepted
-    to compare with. Whether an epoch releases at all is :func:`releases`."""
+    to compare with. Whether an epoch releases at all is :func:`releases`; :func:`veto` may keep some back."""
     if not safe.any():
         return None
     back = release_mask(score, safe, img, cfg.flag_release_quantile, cfg.flag_release_together,
                         cfg.flag_duplicate_cos)  # fmt: skip
     return back if held is None else back & ~held.to(back.device)
+
+
+def veto(cfg, back: torch.Tensor, safe: torch.Tensor, img: torch.Tensor, model, images, txt, seed: int):
+    """``bool (N,)``: the release ``back`` (:func:`released`) less the ``flag_release_veto`` share of it that
+    :func:`~.blend.blend_veto` keeps flagged (``images uint8 (N, C, H, W)``, ``txt (N, d)`` caption features, the
+    backgrounds drawn with ``seed``), and with ``flag_release_together`` their copies (``img (N, D)``, cosine above
+    ``flag_duplicate_cos``) too [ours]. ``back`` itself when the veto is off."""
+    if cfg.flag_release_veto <= 0:
+        return back
+    vetoed = blend_veto(model, images, txt, back, safe, cfg.flag_release_veto, seed)
+    if cfg.flag_release_together:
+        vetoed = spread_to_duplicates(img.cpu(), vetoed, cfg.flag_duplicate_cos)
+    return back & ~vetoed.to(back.device)
 
 
 # the flag options and their off values (check_flag_options)
@@ -222,6 +236,11 @@ def check_flag_options(cfg) -> None:
             f"defense.flag_release_until ({c.flag_release_until}) needs a release from an epoch at or before it: "
             f"defense.flag_release_epoch is {c.flag_release_epoch}; or set defense.flag_release_until=-1"
         )
+    if c.flag_release_veto > 0 and c.flag_release_epoch < 0:
+        raise ConfigError(
+            "defense.flag_release_veto acts on a release: set defense.flag_release_epoch, or "
+            "defense.flag_release_veto=0"
+        )
     if c.flagged_unlearn > 0 and c.flagged_unlearn_rows == "held" and c.flag_cohort_start < 0:
         raise ConfigError(
             "defense.flagged_unlearn_rows=held needs a held cohort: set defense.flag_cohort_start"
@@ -232,6 +251,11 @@ def check_flag_options(cfg) -> None:
                 f"defense.{key} acts on a held cohort: set defense.flag_cohort_start, or turn it off: "
                 f"defense.{key}={off}"
             )
+
+
+def veto_seed(seed: int, epoch: int) -> int:
+    """The seed of the veto's backgrounds at ``epoch`` of a run seeded ``seed`` (the trainer's and the probe's)."""
+    return seed * 1000 + epoch
 
 
 def releases(cfg, epoch: int) -> bool:
@@ -299,6 +323,11 @@ def update_flags(cfg, tr, epoch: int) -> dict:
         # the held cohort is registered with flag_cohort_start only
         back = released(c, score, tr.state.safe, img, getattr(tr.state, "held", None)) if release else None
         if back is not None:
+            # the veto's backgrounds are drawn per run and epoch: a resumed run draws the same ones
+            kept = veto(c, back, tr.state.safe, img, tr.model, tr.data.images, txt, veto_seed(tr.seed, epoch))
+            if c.flag_release_veto > 0:
+                stats["release_vetoed"] = int(back.sum()) - int(kept.sum())
+            back = kept
             tr.state.safe |= back
             stats["released"] = int(back.sum())
         if top is not None:  # after the release; a cohort member is held for the rest of training

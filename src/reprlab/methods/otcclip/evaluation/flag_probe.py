@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, CLEAN
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, released, releases
+from reprlab.methods.otcclip.defenses.blend import accepted_backgrounds, blend_cosine
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores, released, releases, veto, veto_seed
 from reprlab.methods.otcclip.defenses.matching import rematch_whole_set
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 
@@ -65,20 +66,6 @@ class FlagProbe:
 
 
 @torch.no_grad()
-def blend_cosine(model, images: torch.Tensor, txt: torch.Tensor, backgrounds: torch.Tensor, mix: float = 0.5):
-    """``(R,)``: mean over ``backgrounds uint8 (B, C, H, W)`` of the cosine between ``txt (R, d)`` and the image
-    ``(1 - mix) x + mix * background`` of each of ``images uint8 (R, C, H, W)``."""
-    out = torch.zeros(len(images))
-    if len(images) == 0:
-        return out
-    x = images.float()
-    for bg in backgrounds.float():
-        mixed = ((1 - mix) * x + mix * bg).round().clamp(0, 255).to(torch.uint8)
-        out += (embed_images(model, mixed) * txt).sum(1)
-    return out / max(len(backgrounds), 1)
-
-
-@torch.no_grad()
 def occlusion_drop(model, images: torch.Tensor, txt: torch.Tensor, block: int = 16, stride: int = 8):
     """``(R,)``: the largest fall of the image-caption cosine (``images uint8 (R, C, H, W)``, ``txt (R, d)``)
     when one ``block`` x ``block`` square, moved by ``stride``, is set to 0."""
@@ -108,6 +95,8 @@ def probe_epoch(
     score = consensus_scores(img, txt, dcfg.flag_k, dcfg.flag_duplicate_cos, voters=voters)
     kind = pairs.kind
     back = released(dcfg, score, safe, img, held) if releases(dcfg, epoch) and (~safe).any() else None
+    if back is not None:  # the trainer's veto, with the backgrounds it drew (the run's seed)
+        back = veto(dcfg, back, safe, img, model, pairs.images, txt, veto_seed(seed, epoch))
     back = torch.zeros_like(safe) if back is None else back
     rows = torch.nonzero(~safe & ~held & ((kind == CLEAN) | (kind == BACKDOOR))).flatten()
     y = kind[rows] == BACKDOOR
@@ -115,9 +104,7 @@ def probe_epoch(
     side = consensus_scores(img, txt, dcfg.flag_k, dcfg.flag_duplicate_cos, side="image")
     tests["image_support"] = -side[rows]
     # the backgrounds are accepted pairs' images, so that a flagged trigger is not blended into every probe image
-    g = torch.Generator().manual_seed(seed)
-    accepted = torch.nonzero(safe).flatten()
-    bgs = pairs.images[accepted[torch.randperm(len(accepted), generator=g)[:n_blend]]]
+    bgs = accepted_backgrounds(pairs.images, safe, n_blend, seed)
     tests["blend_cosine"] = blend_cosine(model, pairs.images[rows], txt[rows], bgs)
     tests["occlusion_drop"] = occlusion_drop(model, pairs.images[rows], txt[rows])
     clean = kind == CLEAN
