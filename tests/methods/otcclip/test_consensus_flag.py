@@ -212,7 +212,7 @@ def test_rematch_false_leaves_otcclip_without_matching_epochs_and_roclip_unchang
 
 
 def test_a_flag_spreads_to_near_duplicate_images_only():
-    from reprlab.methods.otcclip.defenses.consensus import spread_to_duplicates
+    from reprlab.methods.otcclip.defenses.copies import spread_to_duplicates
 
     img, txt, kind = _web_like(seed=0)
     copies = torch.nonzero(kind == 1).flatten()
@@ -238,7 +238,7 @@ def test_copies_are_released_together_when_asked():
     """Known answer: pairs 0-3 are copies of one image (one of them scores high), 4-5 two other images; 0-5 are
     flagged, 6-9 accepted with scores 0..0.3 (the 0.5 quantile is 0.15). One by one, the low-scoring copies 0-2 and
     pair 4 come back; together, the copy that stays (3) keeps 0-2 flagged, and 4 still comes back."""
-    from reprlab.methods.otcclip.defenses.consensus import release_mask
+    from reprlab.methods.otcclip.defenses.release import release_mask
 
     img = F.normalize(torch.eye(8)[[0, 0, 0, 0, 1, 2, 3, 4, 5, 6]], dim=-1)
     score = torch.tensor([-1.0, -1.0, -1.0, 0.9, -1.0, 0.5, 0.0, 0.1, 0.2, 0.3])
@@ -464,7 +464,8 @@ def test_a_learned_trigger_is_a_cohort_the_consensus_score_ranks_last():
 def test_flag_cohort_flags_the_top_share_after_the_release():
     """A cohort member stays flagged even where the release alone would return it, for the rest of training;
     other releases go on."""
-    from reprlab.methods.otcclip.defenses.consensus import cohort_scores, release_mask
+    from reprlab.methods.otcclip.defenses.consensus import cohort_scores
+    from reprlab.methods.otcclip.defenses.release import release_mask
 
     kw = dict(flag_start=5, flag_until=5, flag_k=3, flag_duplicate_cos=2.0, flag_release_epoch=0)
     tr = _flagged_trainer(flag_cohort_start=0, flag_cohort_share=0.25, **kw)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.defenses import blend
-from reprlab.methods.otcclip.defenses.consensus import veto, veto_seed
+from reprlab.methods.otcclip.defenses.release import veto, veto_seed
 
 from .test_consensus_flag import _flagged_trainer
 from .test_flag_probe import _Mean

@@ -15,6 +15,9 @@ poison the same key; uniform pixel noise of +-2 levels changes the key of 12 % o
 copies perturbed one by one escape it (the flag's feature-space copies, ``flag_duplicate_cos``, are then the
 line that groups them). Flat images all hash alike (no cell above the mean): blank placeholders count as
 copies of each other, as a deduplicator would have them.
+
+:func:`spread_to_duplicates` is the feature-space side: the consensus flag's verdict (and its release's) spreads
+over copies of one image.
 """
 
 from __future__ import annotations
@@ -63,3 +66,20 @@ class CopyWeights:
             self._weights = copy_weights(tr.data.images, self.grid).to(tr.device)
             self._any = bool((self._weights < 1).any())
         return self._weights[idx.to(self._weights.device)] if self._any else None
+
+
+@torch.no_grad()
+def spread_to_duplicates(
+    img: torch.Tensor, flags: torch.Tensor, duplicate_cos: float = 0.999, chunk: int = 1024
+) -> torch.Tensor:
+    """``flags bool (N,)`` plus every pair whose image is a near-duplicate (cosine above ``duplicate_cos``) of a
+    flagged pair's image; ``img (N, d)`` normalised. Copies of one image share a verdict: the consensus score
+    judges an image against its caption's neighbours, so two copies with captions of one content are judged on
+    the same evidence, and a copy left unflagged keeps teaching the association its flagged twin was held from."""
+    out = flags.clone()
+    marked = img[flags]
+    if len(marked) == 0:
+        return out
+    for s in range(0, len(img), chunk):
+        out[s : s + chunk] |= (img[s : s + chunk] @ marked.T > duplicate_cos).any(1)
+    return out

@@ -31,8 +31,9 @@ import torch
 
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, CLEAN
 from reprlab.methods.otcclip.defenses.blend import accepted_backgrounds, blend_cosine
-from reprlab.methods.otcclip.defenses.consensus import consensus_scores, released, releases, veto, veto_seed
+from reprlab.methods.otcclip.defenses.consensus import consensus_scores
 from reprlab.methods.otcclip.defenses.matching import rematch_whole_set
+from reprlab.methods.otcclip.defenses.release import released, releases, veto, veto_seed
 from reprlab.methods.otcclip.models.embed import embed_images, embed_texts
 
 TESTS = ("support", "image_support", "own_cosine", "blend_cosine", "occlusion_drop")
