@@ -89,7 +89,8 @@ def probe_epoch(
 ) -> FlagProbe:
     """The probe at one epoch: ``model`` with that epoch's weights, in eval mode, ``pairs`` the training :class:`PairSet`,
     ``ids``/``mask (N, pos)`` its captions as the trainer tokenised them, ``safe``/``held bool (N,)`` the flag
-    state of the checkpoint, ``dcfg`` OTCCLIP's defense config, ``noisy bool (N,)`` the testbed's alt-text noise
+    state of the checkpoint, ``dcfg`` OTCCLIP's defense config, ``seed`` the run's seed (the blend test's
+    backgrounds, and the release veto's as the trainer drew them), ``noisy bool (N,)`` the testbed's alt-text noise
     (those captions are not true, so they are left out of the re-matching's concept share)."""
     img, txt = embed_images(model, pairs.images), embed_texts(model, ids, mask)
     voters = safe if dcfg.flag_vouch == "unflagged" else None
