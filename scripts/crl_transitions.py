@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from reprlab.errors import ReprlabError
-from reprlab.methods.crl_safety.transitions import label_pairs, shares
+from reprlab.methods.crl_safety.transitions import count, label_pairs, shares
 
 
 def _runs(folder: Path) -> list[Path]:
@@ -38,8 +38,7 @@ def main(argv=None) -> int:
             label, _, folder = spec.partition("=")
             pairs = label_pairs(_runs(Path(folder)), model=args.model, split=args.split)
             c, r = shares(pairs, "comply"), shares(pairs, "refuse")
-            nc = sum(v for (a, _), v in pairs.items() if a == "comply")
-            nr = sum(v for (a, _), v in pairs.items() if a == "refuse")
+            nc, nr = count(pairs, "comply"), count(pairs, "refuse")
             left = f"({nc}) {c['degenerate']:.2f} / {c['refuse']:.2f}" if c else "–"
             right = f"({nr}) {r['comply']:.2f} / {r['degenerate']:.2f} / {r['refuse']:.2f}" if r else "–"
             print(f"| {label} | {left} | {right} |")

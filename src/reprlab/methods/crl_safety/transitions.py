@@ -39,7 +39,12 @@ def label_pairs(run_dirs, model: str = "crl_adv", base: str = "refusal", split: 
     return out
 
 
+def count(pairs: Counter, base_label: str) -> int:
+    """How many prompts stage 0 gave ``base_label``."""
+    return sum(v for (a, _), v in pairs.items() if a == base_label)
+
+
 def shares(pairs: Counter, base_label: str) -> dict[str, float]:
     """Of the prompts stage 0 gave ``base_label``, the share the defence gave each label (NaN-free: {} if none)."""
-    n = sum(v for (a, _), v in pairs.items() if a == base_label)
+    n = count(pairs, base_label)
     return {} if n == 0 else {lab: pairs[(base_label, lab)] / n for lab in LABELS}
