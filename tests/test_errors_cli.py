@@ -29,6 +29,7 @@ runner = CliRunner()
         (["run", "smoke-digits", "--track", "mlflow"], "tensorboard"),
         (["run", "crl-tiny", "model=nosuch-org/nosuch-model"], "not available offline"),
         (["run", "normic-tiny", "encoder.model=nosuch-org/nosuch-model"], "not available offline"),
+        (["run", "otcclip-tiny", "defense.flag=none"], "act only with a flag"),  # OTCCLIP trains 4th of 5
         (["config", "nosuch-recipe"], "unknown recipe"),
         (["report", "/nonexistent/run"], "does not exist"),
         (["aggregate", "/nonexistent/run"], "does not exist"),

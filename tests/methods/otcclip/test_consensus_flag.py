@@ -522,6 +522,27 @@ def test_flag_options_without_what_they_act_through_are_refused_by_name():
     make_defense("otcclip", DefenseConfig(flagged_train="inmodal_all"))  # inert without a flag, as documented
 
 
+def test_preflight_refuses_otcclip_options_before_any_defense_trains():
+    """With all five defenses OTCCLIP trains fourth: its option checks run at preflight, so a bad setting stops
+    ``reprlab run`` before a run folder exists (tests/test_errors_cli.py); a defense the run does not train is not
+    checked."""
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip import recipe
+
+    from .test_recipe import _cfg
+
+    five = "defenses=[none,roclip,safeclip,otcclip,cleanclip]"
+    bad = (
+        (["defense.flagged_unlearn=1.0"], r"defense\.flagged_unlearn act only with a flag"),
+        (["defense.flag=consensus", "defense.flag_release_veto=0.3"], "flag_release_veto acts on a release"),
+        (["defense.match_schedule=epoch_start", "defense.matched_text=drop"], "epoch_start supports"),
+    )
+    for opts, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            recipe.preflight(_cfg([five, *opts]))
+        recipe.preflight(_cfg(["defenses=[none,roclip]", *opts]))  # OTCCLIP not trained: not its business
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 1024])
 def test_neighbourhood_share_matches_the_written_out_count(chunk):
     """Share of each row's k nearest images in the group, copies of its own image left out, by loops (float64)."""

@@ -123,6 +123,11 @@ class Defense:
     def __init__(self, cfg: DefenseConfig):
         self.cfg = cfg
 
+    @staticmethod
+    def check(cfg: DefenseConfig) -> None:
+        """Refuse settings this defense cannot act on as written (``ConfigError`` naming the keys); the
+        recipe's preflight calls it for every defense of a run before a run folder exists."""
+
     # ---------------------------------------------------------------- per epoch
     def phase(self, epoch: int) -> str:
         """The phase name of ``epoch`` (logged; picks the step's behaviour)."""

@@ -28,12 +28,7 @@ import torch
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import whole_set_options
 from reprlab.methods.otcclip.defenses.base import Assignment, Batch, Defense, StepOutput, register
-from reprlab.methods.otcclip.defenses.consensus import (
-    batch_flags,
-    check_flag_options,
-    flag_terms,
-    update_flags,
-)
+from reprlab.methods.otcclip.defenses.consensus import batch_flags, flag_terms, update_flags
 from reprlab.methods.otcclip.defenses.copies import CopyWeights
 from reprlab.methods.otcclip.defenses.losses import clip_loss, ot_alignment, ot_alignments
 from reprlab.methods.otcclip.defenses.matching import (
@@ -43,6 +38,7 @@ from reprlab.methods.otcclip.defenses.matching import (
     rematch_whole_set,
     used_width,
 )
+from reprlab.methods.otcclip.defenses.options import check_options
 from reprlab.methods.otcclip.models.features import (
     ImageFeatures,
     TextFeatures,
@@ -65,12 +61,11 @@ class OTCCLIP(Defense):
     name = "otcclip"
     uses_bank = True
     match_phases = ("otc_match",)
+    check = staticmethod(check_options)
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        if cfg.match_schedule == "epoch_start" and cfg.matched_text != "pool":
-            raise ConfigError("defense.match_schedule=epoch_start supports matched_text=pool only")
-        check_flag_options(cfg)
+        check_options(cfg)
         self._fixed = None  # the epoch-start assignment (match_schedule='epoch_start'), per matching epoch
         self.copies = CopyWeights(cfg.copies_hash)  # copies_weight's per-pair weights, computed on first use
 

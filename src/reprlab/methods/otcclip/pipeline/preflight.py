@@ -23,7 +23,7 @@ def trains_on_clean(cfg: Config) -> bool:
 
 def preflight(cfg: Config) -> None:
     """Checks before a run folder exists: the stream's source exists and is readable data, the options suit the
-    trainer, the model's architecture is available, and a clean source a defense trains on holds no item whose
+    trainer and each defense (:meth:`~..defenses.base.Defense.check`), the model's architecture is available, and a clean source a defense trains on holds no item whose
     provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
     decoded)."""
     if cfg.stream.source and cfg.stream.write_shards:
@@ -42,6 +42,9 @@ def preflight(cfg: Config) -> None:
             f"defense {free[0]!r} trains on the pairs not marked as poisons and works with the in-memory testbed "
             "only, not with a stream; remove it from defenses"
         )
+    for name in cfg.defenses:
+        if name in REGISTRY:  # all of them, before the first defense trains
+            REGISTRY[name].check(d)
     user_data_checks(cfg)
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(
