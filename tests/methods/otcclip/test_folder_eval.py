@@ -169,3 +169,18 @@ def test_preflight_names_what_does_not_fit(tmp_path):
         with pytest.raises(err) as info:
             recipe.preflight(cfg)
         assert text in str(info.value) + str(getattr(info.value, "hint", "")), (overrides, str(info.value))
+
+
+def test_report_of_data_with_one_attack_names_the_attack_it_measured(tmp_path):
+    """Data poisoned with targeted poisons and no trigger has no backdoor ASR: the report's gate note names the
+    targeted one only (it raised KeyError on the missing key) and the table shows the gap as NaN."""
+    from reprlab.methods.otcclip.pipeline.report import report_sections
+
+    (tmp_path / "analysis").mkdir()
+    results = {"none": {"zeroshot_acc": 0.5, "linear_probe_acc": 0.6, "asr_targeted": 0.8}}
+    (tmp_path / "analysis" / "results.json").write_text(json.dumps(results))
+    (tmp_path / "analysis" / "data.json").write_text(json.dumps({"testbed": "none"}))
+    first = report_sections(tmp_path)[0]
+    gate = [line for line in first.text.splitlines() if line.startswith("Gate")]
+    assert gate == ["Gate: undefended CLIP ASR targeted 0.80 (attacked); zero-shot 0.50."]
+    assert first.table[0]["asr_backdoor"] != first.table[0]["asr_backdoor"]  # NaN

@@ -180,6 +180,36 @@ def test_missing_or_wrong_sources_are_named(tmp_path):
     (tmp_path / "t.csv").write_text("file,label\na.png,1\n")
     with pytest.raises(DataError, match="caption"):
         open_source(tmp_path / "t.csv")
+    # a table without one data row is refused when opened (preflight), with what its lines were
+    for name, text, found in (
+        ("header.csv", "image,caption\n", "no line"),
+        ("empty.jsonl", "\n\n", "no line"),
+        ("bad.jsonl", "{oops\n[1, 2]\n", "2 bad row"),
+    ):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DataError, match=rf"stream.source: .*{name} holds no data row \({found}\)"):
+            open_source(tmp_path / name)
+
+
+def test_a_source_with_no_valid_item_stops_the_run_naming_it(tmp_path):
+    """Rows whose images are all missing pass the open (they are rows) but give no batch: the first epoch stops
+    with a DataError naming the table and the skip counts, not a finished run with a NaN loss."""
+    from reprlab.errors import DataError
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.recipes import get_recipe
+    from reprlab.runs import Run
+    from tests.methods.otcclip.test_recipe import MINI
+
+    table = tmp_path / "pairs.csv"
+    table.write_text("image,caption\n" + "".join(f"gone{i}.png,a bag\n" for i in range(30)))
+    cfg = get_recipe("otcclip-shards-tiny").build_config(
+        [*MINI, "stream.write_shards=false", f"stream.source={table}", "defenses=[none]", "audit_defense="]
+    )
+    with pytest.raises(
+        DataError,
+        match=r"pairs.csv gives no full global batch .*skipped before the epoch ended: \d+ missing image",
+    ):
+        R.run(cfg, Run.create(tmp_path / "r", cfg, "otcclip-shards-tiny", quiet=True))
 
 
 def test_gpu_recipe_preflight_names_the_missing_shard_path(tmp_path):

@@ -231,7 +231,16 @@ def open_source(source: str | Path, image_root: str = "", key: str = "stream.sou
             "`reprlab otcclip make-shards`) or at a CSV/TSV/JSONL of (image path, caption)",
         )
     if path.suffix in TABLE_SUFFIXES:
-        return TableSource(path, image_root or None)
+        table = TableSource(path, image_root or None)
+        skip: Counter = Counter()
+        if next(table._rows(skip), None) is None:  # stops at the first row: cheap on a 3M-row table
+            found = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(skip.items())) or "no line"
+            raise DataError(
+                f"{key}: {path} holds no data row ({found})",
+                hint="one (image path, caption) per line: a CSV/TSV with a header, or JSONL objects such as "
+                '{"image": "a.jpg", "caption": "a photo of a dog"}',
+            )
+        return table
     if path.is_dir() or path.suffix == ".tar":
         try:
             return ShardSource(path, on_bad)

@@ -33,6 +33,10 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and x == x
+
+
 _TESTBED_TITLES = {
     "fashion_mnist": "the poisoned mosaic testbed",
     "fashion_web": "the poisoned web-like testbed",
@@ -96,12 +100,15 @@ def report_sections(run_dir: Path) -> list[Section]:
             f"{data['num_workers']} DataLoader workers per rank, windows of {data['window_batches']} global batches: "
             "shuffling and SafeCLIP-style splits work per window).",
         )
-    if gate and "asr_targeted" in gate:
-        attacked = max(gate.get("asr_targeted", 0), gate.get("asr_backdoor", 0))
+    # a user's data may hold one attack only (targeted poisons and no trigger, or the reverse): name what was measured
+    asrs = {k: gate[k] for k in ("asr_targeted", "asr_backdoor") if _finite(gate.get(k))}
+    if asrs:
+        attacked = max(asrs.values())
+        measured = ", ".join(f"{k.removeprefix('asr_')} {v:.2f}" for k, v in asrs.items())
+        zs = f"; zero-shot {gate['zeroshot_acc']:.2f}" if _finite(gate.get("zeroshot_acc")) else ""
         notes.append(
-            f"Gate: undefended CLIP ASR targeted {gate['asr_targeted']:.2f}, backdoor "
-            f"{gate['asr_backdoor']:.2f} ({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}); "
-            f"zero-shot {gate['zeroshot_acc']:.2f}."
+            f"Gate: undefended CLIP ASR {measured} "
+            f"({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}){zs}."
         )
     # run folders written before data.json named its testbed were all mosaics; user data (shards, files) is "yours"
     title = "OTCCLIP vs baselines on " + _TESTBED_TITLES.get(

@@ -171,6 +171,16 @@ class StreamTrainer(Trainer):
                 if clean and step == self.steps_per_epoch:
                     break
             del it, loader  # ends non-persistent workers; persistent ones wait for the next epoch (or pass)
+            # every item skipped: training on nothing would "succeed" with a NaN loss
+            if not clean and step == 0:
+                skipped = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(self.skipped.items()))
+                raise DataError(
+                    f"{self.source.name} gives no full global batch of {b} (train.batch_size) in "
+                    f"{self.scfg.slots} slots: too few valid items (skipped before the epoch ended: "
+                    f"{skipped or 'none'})",
+                    hint="check the image paths (relative to the table's folder or stream.image_root) and the "
+                    "shards; a smaller train.batch_size or stream.slots fits a small source",
+                )
             if not clean or step == self.steps_per_epoch:
                 break
             if step == first:  # would cycle forever
