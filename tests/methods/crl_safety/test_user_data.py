@@ -45,6 +45,37 @@ def test_bad_line_is_a_data_error_naming_file_and_line(tmp_path, row, needle):
     assert f"{p}:3" in str(e.value) and needle in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "row",
+    [{"prompt": 5, "harmful": True}, {"prompt": "x", "harmful": True, "label": 1}, "[1, 2]", "{not json"],
+)
+def test_bad_line_prints_the_line_format_once(tmp_path, row):
+    """Through the CLI, as the user sees it: one message naming file:line, and the format hint once."""
+    from typer.testing import CliRunner
+
+    from reprlab.cli import app
+
+    bad = _write(tmp_path / "badtype.jsonl", [GOOD[0], GOOD[4], row])
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "crl-tiny", "--out", str(out), f"data.user_jsonl={bad}"])
+    assert result.exit_code == 2 and "badtype.jsonl:3" in result.output, result.output
+    assert result.output.count("each line:") == 1, result.output
+    assert not out.exists()
+
+
+def test_a_prompt_labelled_both_ways_is_rejected_at_preflight(tmp_path, monkeypatch):
+    """The training file gets the evaluation file's label check: same prompt (up to case and whitespace), two
+    labels."""
+    monkeypatch.setattr(
+        R, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("model loaded"))
+    )
+    p = _write(tmp_path / "conflict.jsonl", [*GOOD, {"prompt": "  BAD 1 ", "harmful": False}])
+    with pytest.raises(DataError, match=r"conflict\.jsonl:9: prompt .* harmful=False here but harmful=True on "
+                       r"line 2 \(data\.user_jsonl\)") as e:  # fmt: skip
+        R.preflight(_tiny_cfg(user_jsonl=str(p)))
+    assert "one label" in e.value.hint
+
+
 def test_strict_booleans_keep_real_booleans(tmp_path):
     ex = D.load_user_jsonl(_write(tmp_path / "ok.jsonl", GOOD))
     assert [e.harmful for e in ex] == [True] * 4 + [False] * 4  # JSON booleans pass through unchanged
@@ -127,7 +158,7 @@ def test_deeply_nested_json_within_the_line_limit_is_an_error_naming_the_line(tm
 
 def test_line_separators_inside_a_prompt_are_text(tmp_path):
     """U+2028/U+2029 (legal raw in JSON strings), NEL and form feed split lines for str.splitlines()."""
-    rows = [{"prompt": f"first{sep}second", "harmful": i % 2 == 0} for i, sep in
+    rows = [{"prompt": f"first{sep}second {i}", "harmful": i % 2 == 0} for i, sep in
             enumerate(["\u2028", "\u2029", "\u0085", "\x0c"])]  # fmt: skip
     p = tmp_path / "sep.jsonl"
     p.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")

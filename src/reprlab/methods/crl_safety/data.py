@@ -140,26 +140,27 @@ class UserExample:
 
 
 def _user_line(path: Path, lineno: int, obj: Any) -> UserExample:
-    """One validated line of a user JSONL; every problem is a :class:`DataError` naming ``path:lineno``."""
+    """One validated line of a user JSONL; every problem is a :class:`DataError` naming ``path:lineno``.
+
+    No hint here: :func:`_load_rows` adds the line format to every error of the file, these and the parser's.
+    """
     where = f"{path}:{lineno}"
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}", hint=_JSONL_HINT)
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     unknown = sorted(set(obj) - {"prompt", "harmful", "response"})
     if unknown:
-        raise DataError(f"{where}: unknown key(s) {unknown}", hint=_JSONL_HINT)
+        raise DataError(f"{where}: unknown key(s) {unknown}")
     for key in ("prompt", "harmful"):
         if key not in obj:
-            raise DataError(f"{where}: missing key {key!r}", hint=_JSONL_HINT)
+            raise DataError(f"{where}: missing key {key!r}")
     prompt, harmful, response = obj["prompt"], obj["harmful"], obj.get("response")
     if not isinstance(prompt, str) or not prompt.strip():
-        raise DataError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}", hint=_JSONL_HINT)
+        raise DataError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}")
     # strict: JSON true/false only; "false", 0 or null must not silently become a label
     if not isinstance(harmful, bool):
-        raise DataError(f"{where}: 'harmful' must be JSON true or false, got {harmful!r}", hint=_JSONL_HINT)
+        raise DataError(f"{where}: 'harmful' must be JSON true or false, got {harmful!r}")
     if response is not None and (not isinstance(response, str) or not response.strip()):
-        raise DataError(
-            f"{where}: 'response' must be a non-empty string when given, got {response!r}", hint=_JSONL_HINT
-        )
+        raise DataError(f"{where}: 'response' must be a non-empty string when given, got {response!r}")
     return UserExample(prompt, harmful, response)
 
 
@@ -183,6 +184,16 @@ def _load_rows(path: str | Path, key: str) -> list[tuple[int, UserExample]]:
         raise
     if not out:
         raise DataError(f"user prompt file {path} is empty ({key})")
+    # training and evaluation files alike: a prompt with both labels would teach (or score) it both ways
+    first: dict[str, tuple[int, bool]] = {}
+    for n, e in out:
+        k = prompt_key(e.prompt)
+        if k in first and first[k][1] != e.harmful:
+            raise DataError(f"{path}:{n}: prompt {e.prompt[:60]!r} is labelled harmful={e.harmful} here but "
+                            f"harmful={first[k][1]} on line {first[k][0]} ({key})",
+                            hint="give the prompt one label (prompts match up to case and whitespace): fix or "
+                            "delete one of the two lines")  # fmt: skip
+        first.setdefault(k, (n, e.harmful))
     return out
 
 
@@ -192,7 +203,7 @@ def load_user_jsonl(path: str | Path, key: str = "data.user_jsonl") -> list[User
     Raises:
         DataError: a missing, non-UTF-8 or empty file, a line over 1 MiB, or a line that is not a JSON object
             with a non-empty string ``prompt``, a JSON boolean ``harmful`` and an optional non-empty string
-            ``response``.
+            ``response``; a prompt given twice with different ``harmful`` labels (both lines named).
     """
     return [e for _, e in _load_rows(path, key)]
 
@@ -216,18 +227,11 @@ def load_eval_jsonl(path: str | Path) -> EvalPrompts:
     """Read a held-out evaluation file in the user-JSONL format (``data.eval_jsonl``).
 
     Raises:
-        DataError: everything :func:`load_user_jsonl` rejects; a prompt given twice with different ``harmful``
-            labels (both lines named); no harmful or no harmless prompt (the evaluation needs both: attacks on
-            the harmful ones, benign compliance on the harmless ones).
+        DataError: everything :func:`load_user_jsonl` rejects, conflicting labels included; no harmful or no
+            harmless prompt (the evaluation needs both: attacks on the harmful ones, benign compliance on the
+            harmless ones).
     """
     rows = _load_rows(path, "data.eval_jsonl")
-    first: dict[str, tuple[int, bool]] = {}
-    for n, e in rows:
-        k = prompt_key(e.prompt)
-        if k in first and first[k][1] != e.harmful:
-            raise DataError(f"{path}:{n}: prompt {e.prompt[:60]!r} is labelled harmful={e.harmful} here but "
-                            f"harmful={first[k][1]} on line {first[k][0]}", hint=_JSONL_HINT)  # fmt: skip
-        first.setdefault(k, (n, e.harmful))
     seen: set[str] = set()
     harm: list[str] = []
     safe: list[str] = []
