@@ -30,6 +30,8 @@ runner = CliRunner()
         (["run", "crl-tiny", "model=nosuch-org/nosuch-model"], "not available offline"),
         (["run", "normic-tiny", "encoder.model=nosuch-org/nosuch-model"], "not available offline"),
         (["run", "otcclip-tiny", "defense.flag=none"], "act only with a flag"),  # OTCCLIP trains 4th of 5
+        (["run", "otcclip-tiny", "model.heads=3"], "model.heads (3) must divide model.width (64)"),
+        (["run", "otcclip-tiny", "defenses=[none,nosuch]"], "unknown defense 'nosuch'"),
         (["config", "nosuch-recipe"], "unknown recipe"),
         (["report", "/nonexistent/run"], "does not exist"),
         (["aggregate", "/nonexistent/run"], "does not exist"),

@@ -93,6 +93,9 @@ def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):
     assert _no_time(_read(tmp_path / "agg" / "summary.json")) == _no_time(_read(sweep / "summary.json"))
     aggregate_folders([sweep])  # a sweep folder alone aggregates into itself
     assert (sweep / "report.html").is_file()
+    # one run folder alone has no place for an aggregate: the message says so, not "several folders"
+    result = runner.invoke(app, ["aggregate", str(sweep / "seed-0")])
+    assert result.exit_code == 2 and "a run folder given: pass --out" in result.output, result.output
 
 
 def test_aggregate_judges_each_seed_by_the_claims_as_declared_now(sweep, tmp_path):

@@ -303,7 +303,9 @@ def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:
         if len(paths) == 1 and folder_state(paths[0]) in (FolderState.SWEEP, FolderState.FOREIGN):
             out = Path(paths[0])
         else:
-            raise ConfigError("several folders given: pass --out for the aggregate")
+            # one run folder is no place for an aggregate (its files are the run's); several need a home
+            what = "a run folder" if len(paths) == 1 else "several folders"
+            raise ConfigError(f"{what} given: pass --out for the aggregate's own folder")
     out = Path(out)
     st = folder_state(out)
     if st is FolderState.RUN:

@@ -117,3 +117,22 @@ def test_a_folder_without_config_is_not_a_run_folder(tmp_path, entry):
     }[entry]
     with pytest.raises(RunFolderError, match="not a run folder \\(no config.yaml\\)"):
         call()
+
+
+def test_another_methods_run_or_a_missing_defense_is_named(tmp_path):
+    """A run folder of another recipe is named as such (it said "unknown config key 'hidden'"), and a defense the
+    run has no checkpoint of is named with the ones it has (it raised a bare FileNotFoundError)."""
+    from reprlab.errors import RunFolderError
+    from reprlab.recipes import get_recipe
+    from reprlab.runs import Run
+
+    smoke = get_recipe("smoke-digits")
+    other = Run.create(tmp_path / "smoke", smoke.build_config(), "smoke-digits", quiet=True)
+    with pytest.raises(
+        RunFolderError, match=r"is not an otcclip run: its config.yaml \(recipe smoke-digits\)"
+    ):
+        load_run_model(other.dir, "otcclip")
+    cfg = get_recipe("otcclip-mosaic-tiny").build_config()
+    run = Run.create(tmp_path / "otc", cfg, "otcclip-mosaic-tiny", quiet=True)
+    with pytest.raises(RunFolderError, match=r"has no checkpoint of defense 'otcclip'; it has none"):
+        load_run_model(run.dir, "otcclip")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reprlab.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -52,3 +54,14 @@ class ModelConfig:
             "the same final LayerNorm and projection; the global embeddings always come from the last block"
         },
     )
+
+    def __post_init__(self) -> None:
+        # the sizes build our TinyCLIP and a from-scratch hf_clip; an open_clip config brings its own
+        if self.arch not in ("tiny", "hf_clip"):
+            return
+        for width, heads in (("width", "heads"), ("text_width", "text_heads")):
+            w, h = getattr(self, width), getattr(self, heads)
+            if h < 1 or w % h:
+                raise ConfigError(
+                    f"model.{heads} ({h}) must divide model.{width} ({w}): each head takes width / heads channels"
+                )

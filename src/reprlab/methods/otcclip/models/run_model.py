@@ -10,12 +10,13 @@ from pathlib import Path
 import yaml
 
 from reprlab.config import load_config
-from reprlab.errors import RunFolderError
+from reprlab.errors import ConfigError, RunFolderError
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
 from reprlab.runs import Run
 from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
+from reprlab.runs.folder import RECIPE_HEADER
 
 
 def save_tokenizer(run: Run, tok) -> None:
@@ -31,12 +32,20 @@ def run_config(run_dir: Path) -> Config:
     """The resolved config an ``otcclip-*`` run saved (``config.yaml``).
 
     Raises:
-        RunFolderError: ``run_dir`` has no ``config.yaml`` (not a run folder).
+        RunFolderError: ``run_dir`` has no ``config.yaml`` (not a run folder), or one another recipe wrote.
     """
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)")
-    return load_config(Config, yaml.safe_load(path.read_text(encoding="utf-8")))
+    text = path.read_text(encoding="utf-8")
+    try:
+        return load_config(Config, yaml.safe_load(text))
+    except ConfigError as err:  # another method's run: say so, not which of its keys we do not know
+        first = text.split("\n", 1)[0]
+        made_by = first.removeprefix(RECIPE_HEADER).strip() if first.startswith(RECIPE_HEADER) else "unknown"
+        raise RunFolderError(
+            f"{run_dir} is not an otcclip run: its config.yaml (recipe {made_by}) does not load as one ({err})"
+        ) from err
 
 
 def load_run_model(run_dir: Path, defense: str = "otcclip"):
@@ -51,7 +60,11 @@ def load_run_model(run_dir: Path, defense: str = "otcclip"):
     cfg = run_config(run_dir)
     ckpts = list_checkpoints(run_dir / "checkpoints" / defense)
     if not ckpts:
-        raise FileNotFoundError(f"no checkpoint for defense {defense!r} under {run_dir / 'checkpoints'}")
+        trained = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if list_checkpoints(p))
+        raise RunFolderError(
+            f"{run_dir} has no checkpoint of defense {defense!r}; it has {trained or 'none'}",
+            hint="choose one of them (the audit: --defense NAME), or train the defense first",
+        )
     channels = 3 if cfg.data.tint else 1
     data_info = run_dir / "analysis" / "data.json"
     if data_info.is_file():  # a streamed run records the channels it trained with (user data: RGB)

@@ -42,9 +42,10 @@ def preflight(cfg: Config) -> None:
             f"defense {free[0]!r} trains on the pairs not marked as poisons and works with the in-memory testbed "
             "only, not with a stream; remove it from defenses"
         )
-    for name in cfg.defenses:
-        if name in REGISTRY:  # all of them, before the first defense trains
-            REGISTRY[name].check(d)
+    for name in cfg.defenses:  # all of them, before the first defense trains
+        if name not in REGISTRY:
+            raise ConfigError(f"defenses: unknown defense {name!r}; choose from {list(REGISTRY)}")
+        REGISTRY[name].check(d)
     user_data_checks(cfg)
     if cfg.data.testbed == "none" and not cfg.stream.source:
         raise ConfigError(

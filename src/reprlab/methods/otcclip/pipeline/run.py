@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.testbed import build_testbed, testbed_info
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
-from reprlab.methods.otcclip.defenses import REGISTRY
 from reprlab.methods.otcclip.models.build import build_tokenizer
 from reprlab.methods.otcclip.models.run_model import save_tokenizer
 from reprlab.methods.otcclip.pipeline.audit import audit_testbed
@@ -56,12 +54,9 @@ def run(cfg: Config, run: Run) -> dict:
     """Train and evaluate every defense of ``cfg`` (module docstring); returns the flat summary."""
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    for d in cfg.defenses:
-        if d not in REGISTRY:
-            raise ConfigError(f"unknown defense {d!r} in defenses; choose from {tuple(REGISTRY)}")
+    preflight(cfg)  # again: library callers of run() skip the runner's hook
     seed_everything(cfg.seed)
     if streaming(cfg):
-        preflight(cfg)  # again: library callers of run() skip the runner's hook
         return run_stream(cfg, run)
     # a plain launch is one rank (the trainer is then unchanged); under torchrun the ranks split each batch
     dist = init_distributed(device="cpu" if run.device.type == "cpu" else None)
