@@ -121,7 +121,7 @@ def _audit_cli_on_user_files(tmp_path, run_dir):
     from reprlab.cli import app as main_app
 
     bad = CliRunner().invoke(main_app, ["otcclip", "audit", str(tmp_path / "user.csv")])
-    assert bad.exit_code == 2 and "error: give exactly one of run_dir" in bad.output, bad.output
+    assert bad.exit_code == 2 and "error: give exactly one of --run RUN" in bad.output, bad.output
 
 
 def test_otcclip_claims_use_real_summary_keys_and_give_the_issue_table_verdicts():

@@ -73,7 +73,8 @@ def audit_dataset(
     validate_options(top, top_k, alpha, max_items)
     if (run_dir is None) == (hf_model is None):
         raise ConfigError(
-            "give exactly one of run_dir (an otcclip run folder) or hf_model (a CLIP id/folder)"
+            "give exactly one of --run RUN (run_dir: an otcclip run folder) or --hf-model ID (hf_model: a CLIP "
+            "id or local folder)"
         )
     if run_dir is not None:
         model, tok, cfg = load_run_model(run_dir, defense)

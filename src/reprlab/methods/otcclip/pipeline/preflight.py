@@ -27,7 +27,11 @@ def preflight(cfg: Config) -> None:
     provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
     decoded)."""
     if cfg.stream.source and cfg.stream.write_shards:
-        raise ConfigError("give stream.source or stream.write_shards, not both")
+        raise ConfigError(
+            "give stream.source or stream.write_shards, not both",
+            hint="to stream your own data with a recipe that writes the testbed's shards (otcclip-shards-tiny), "
+            "add stream.write_shards=false",
+        )
     sc = cfg.stream
     if sc.clean_source and not streaming(cfg):
         raise ConfigError(
