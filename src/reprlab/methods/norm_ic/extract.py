@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reprlab.errors import DataError
+from reprlab.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 N_SPECIAL = 2  # encoder: [CLS] … [SEP]; decoder: context token … EOS
@@ -74,19 +74,26 @@ class TokenStates:
 
 
 def n_layers_of(model: nn.Module) -> int:
-    cfg = model.config
+    return config_layers(model.config)
+
+
+def config_layers(cfg) -> int:
+    """Transformer blocks of a HF config (a multimodal one keeps them in its ``text_config``)."""
     return int(getattr(cfg, "num_hidden_layers", None) or cfg.text_config.num_hidden_layers)
 
 
-def resolve_layers(model: nn.Module, layers: Sequence[int]) -> list[int]:
+def resolve_layers(model: nn.Module, layers: Sequence[int], key: str = "layers") -> list[int]:
     """Map negative layer indices (−1 = last block) to hidden-state indices and validate them."""
-    n = n_layers_of(model)
+    return check_layers(layers, n_layers_of(model), key)
+
+
+def check_layers(layers: Sequence[int], n: int, key: str = "layers") -> list[int]:
+    """:func:`resolve_layers` for a model of ``n`` blocks; ``key`` is the config key the error names."""
     out = [layer if layer >= 0 else n + 1 + layer for layer in layers]
     bad = [x for x in out if not 0 <= x <= n]
     if bad:
-        raise ValueError(
-            f"layers {list(layers)} out of range for a model with {n} layers (valid 0..{n} or -1)"
-        )
+        raise ConfigError(f"{key}={list(layers)} out of range for a model with {n} layers: valid 0..{n} "
+                          f"(0 = embeddings) or -{n + 1}..-1 (-1 = last)")  # fmt: skip
     return out
 
 

@@ -34,9 +34,15 @@ from reprlab.methods.norm_ic.conditions import (
     context_kl,
     cooccurrence_pmi,
 )
-from reprlab.methods.norm_ic.extract import context_limit, extract_states, resolve_layers
+from reprlab.methods.norm_ic.extract import (
+    check_layers,
+    config_layers,
+    context_limit,
+    extract_states,
+    resolve_layers,
+)
 from reprlab.methods.norm_ic.length import length_curves, natural_docs, static_embedder, synthetic_docs
-from reprlab.methods.norm_ic.normalize import fit_normalizer, single_thread
+from reprlab.methods.norm_ic.normalize import NORMALIZATIONS, fit_normalizer, single_thread
 from reprlab.methods.norm_ic.nulls import (
     count_spearman,
     null_test,
@@ -53,7 +59,13 @@ from reprlab.methods.norm_ic.sources import (
     static_words,
     subword_probabilities,
 )  # fmt: skip
-from reprlab.methods.norm_ic.static import StaticEmbeddings, corpus_sentences, load_glove, train_sgns
+from reprlab.methods.norm_ic.static import (
+    StaticEmbeddings,
+    corpus_sentences,
+    glove_files,
+    load_glove,
+    train_sgns,
+)
 from reprlab.methods.norm_ic.stats import correspondence, snap_constant, spearman
 from reprlab.methods.norm_ic.vocab import candidate_words, sample_vocabulary
 
@@ -288,11 +300,48 @@ def preflight(cfg: Config) -> None:
     bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
     if bad:
         raise ConfigError(f"unknown compositions {bad}; valid: {', '.join(ALL_COMPOSITIONS)}")
+    models = [(key, mc) for key, mc in (("encoder", cfg.encoder), ("decoder", cfg.decoder)) if mc.enabled]
+    sources = [(k, mc.normalizations) for k, mc in models]
+    if cfg.static.glove or cfg.static.sgns:
+        sources.append(("static", cfg.static.normalizations))
+    for key, norms in sources:
+        bad = [n for n in norms if n not in NORMALIZATIONS]
+        if bad:
+            raise ConfigError(f"{key}.normalizations: unknown {bad}; valid: {', '.join(NORMALIZATIONS)}")
+    if cfg.static.glove:
+        missing = [str(f) for f in glove_files(cfg.static.glove_path or None) if not f.exists()]
+        if missing:
+            raise ConfigError(f"static.glove_path={cfg.static.glove_path!r}: {', '.join(missing)} missing; give a "
+                              "folder with glove_6B_50d_emb.npy and glove_6B_index.parquet, '' for the packaged "
+                              "copy, or static.glove=false")  # fmt: skip
     if cfg.allow_download:
         return
-    for key, mc in (("encoder", cfg.encoder), ("decoder", cfg.decoder)):
-        if mc.enabled:
-            check_model_available(mc.model, f"{key}.model")
+    for key, mc in models:
+        check_model_available(mc.model, f"{key}.model")
+        n = _config_layers(mc.model, f"{key}.model")
+        if n is not None:
+            check_layers(mc.layers, n, f"{key}.layers")
+
+
+def _config_layers(model_id: str, key: str) -> int | None:
+    """Blocks of an offline model, read from its config alone; None for a GGUF file, whose metadata takes
+    seconds to parse (``model_stage`` checks its layers once loaded)."""
+    from transformers import AutoConfig
+
+    from reprlab.errors import ConfigError
+    from reprlab.models.hf import _resolve
+
+    path, kwargs = _resolve(model_id)
+    if kwargs.get("gguf_file"):
+        return None
+    try:
+        return config_layers(AutoConfig.from_pretrained(path, local_files_only=True, **kwargs))
+    except (OSError, ValueError, KeyError, AttributeError) as err:
+        why = " ".join(str(err).split()) or type(err).__name__
+        if len(why) > 200:  # transformers appends upgrade advice and lists of known model types
+            why = why[:200].rsplit(". ", 1)[0] + "."
+        raise ConfigError(f"{key}={model_id!r} is not a usable model: transformers cannot read its config.json "
+                          f"({why})") from err  # fmt: skip
 
 
 def run(cfg: Config, run) -> dict:
@@ -529,7 +578,7 @@ def model_stage(
         model, tok = (load_causal_lm if mc.arch == "decoder" else load_encoder)(mc.model, device=run.device)
     pool, pooling = pooling_of(mc, pipe)
     run.logger.info("%s: pooling %s", mc.name, pooling)
-    layers = resolve_layers(model, mc.layers)
+    layers = resolve_layers(model, mc.layers, f"{'encoder' if mc is cfg.encoder else 'decoder'}.layers")
     rng = np.random.default_rng(cfg.seed)
     # a random (not frequency-ordered) cap keeps every frequency band represented
     idx = np.arange(len(ev_words))

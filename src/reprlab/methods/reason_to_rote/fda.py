@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from reprlab.errors import ConfigError
 from reprlab.methods.reason_to_rote.dataset import Dataset, Item
 
 FDA_VOCAB = [*"0123456789", "+", "=", "<eos>", "<pad>"]
@@ -29,24 +30,36 @@ FDA_VOCAB = [*"0123456789", "+", "=", "<eos>", "<pad>"]
 class FDAConfig:
     """Generation parameters of the FDA task (all [ours])."""
 
-    n_train: int = field(default=20000, metadata={"help": "training pairs"})
-    n_test: int = field(default=2000, metadata={"help": "clean held-out test pairs"})
+    n_train: int = field(default=20000, metadata={"help": "training pairs", "ge": 1})
+    n_test: int = field(default=2000, metadata={"help": "clean held-out test pairs", "ge": 1})
     n_val: int = field(
-        default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)"}
+        default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)", "ge": 0}
     )
     noise_rate: float = field(default=0.05, metadata={"help": "share of training items with a wrong label"})
-    noise_mode: str = field(default="uniform", metadata={"help": "uniform | digit"})
-    digit_order: str = field(default="reversed", metadata={"help": "answer digit order: reversed | plain"})
+    noise_mode: str = field(
+        default="uniform", metadata={"help": "uniform | digit", "choices": ["uniform", "digit"]}
+    )
+    digit_order: str = field(
+        default="reversed",
+        metadata={"help": "answer digit order: reversed | plain", "choices": ["reversed", "plain"]},
+    )
 
     def __post_init__(self) -> None:
+        # Messages name the recipe keys (this config is rote-fda's ``task``): the CLI prints them alone.
         if self.noise_mode not in ("uniform", "digit"):
-            raise ValueError(f"noise_mode must be 'uniform' or 'digit', got {self.noise_mode!r}")
+            raise ConfigError(f"task.noise_mode must be 'uniform' or 'digit', got {self.noise_mode!r}")
         if self.digit_order not in ("reversed", "plain"):
-            raise ValueError(f"digit_order must be 'reversed' or 'plain', got {self.digit_order!r}")
+            raise ConfigError(f"task.digit_order must be 'reversed' or 'plain', got {self.digit_order!r}")
         if not 0.0 <= self.noise_rate < 1.0:
-            raise ValueError(f"noise_rate must be in [0, 1), got {self.noise_rate}")
-        if self.n_train + self.n_test > 50_000_000:  # [0, 9999]^2 has 1e8 ordered pairs; keep sampling cheap
-            raise ValueError("n_train + n_test too large for the pair space")
+            raise ConfigError(f"task.noise_rate must be in [0, 1) (a share of the training items), got "
+                              f"{self.noise_rate}")  # fmt: skip
+        # The final evaluation and every analysis read the clean training items: at least one must be left.
+        if self.n_train - round(self.noise_rate * self.n_train) < 1:
+            raise ConfigError(f"task.n_train={self.n_train} with task.noise_rate={self.noise_rate} leaves no clean "
+                              "training item; raise task.n_train (the recipes use thousands)")  # fmt: skip
+        # [0, 9999]^2 has 1e8 ordered pairs, drawn without repetition: keep the sampling cheap
+        if self.n_train + self.n_test + self.n_val > 50_000_000:
+            raise ConfigError("task.n_train + task.n_test + task.n_val must be <= 50,000,000")
 
 
 def column_digits(value: int) -> list[int]:

@@ -56,6 +56,13 @@ class ModelConfig(HFOptions):
     n_heads: int = field(default=4, metadata={"help": "attention heads (must divide d_model)", "ge": 1})
     d_mlp: int = field(default=256, metadata={"help": "MLP hidden width", "ge": 1})
 
+    def __post_init__(self) -> None:
+        # the GPT sizes do not apply to a HF model, so they are not checked against each other then
+        if not self.hf_id and self.n_heads >= 1 and self.d_model % self.n_heads:
+            fits = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}; use one of "
+                              f"{fits} or change model.d_model")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class AnalysisConfig:
@@ -150,13 +157,24 @@ def _metrics_rows(run) -> list[dict]:
     return [null_as_nan(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _neuron_layer(index: int, n: int, source: str) -> int:
+    """``analysis.neuron_layer`` as a block index, Python-style (-1 = last); ``source`` says where ``n`` came
+    from. Out of range is an error: wrapping it modulo the depth would analyse a layer nobody asked for."""
+    if not -n <= index < n:
+        raise ConfigError(f"analysis.neuron_layer={index} is out of range for a model with {n} layers "
+                          f"({source}); use 0..{n - 1}, or -{n}..-1 counting from the last")  # fmt: skip
+    return index % n
+
+
 def preflight(cfg: Config) -> None:
-    """Fail before the run folder exists when the config cannot give noisy items to analyse, or names a HF
-    model that is not available offline."""
+    """Fail before the run folder exists when the config cannot give noisy items to analyse, names a HF
+    model that is not available offline, or a neuron layer our GPT does not have."""
     if cfg.model.hf_id:
         from reprlab.models.hf import check_model_available
 
         check_model_available(cfg.model.hf_id, "model.hf_id")
+    else:  # a HF model's depth is known only once it is loaded: run() checks it there, before training
+        _neuron_layer(cfg.analysis.neuron_layer, cfg.model.n_layers, "model.n_layers")
     if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:
         raise ConfigError("control=true needs task.noise_rate > 0: the noisy items are what the control is "
                           "compared on (it trains on their true labels)")  # fmt: skip
@@ -191,6 +209,8 @@ def run(cfg: Config, run) -> dict:
                          n_heads=mc.n_heads, d_mlp=mc.d_mlp)  # fmt: skip
         model = GPT(gcfg)
         random_model = GPT(gcfg).eval()  # same init distribution, untrained: the probe control
+    source = f"model.hf_id={mc.hf_id!r}" if mc.hf_id else "model.n_layers"
+    layer = _neuron_layer(cfg.analysis.neuron_layer, n_layers(model), source)
     if cfg.control:  # true labels everywhere; track the (never seen) noisy labels of the same items
         fit_set = Batch(train_set.ids_true, train_set.ids_true, train_set.answer_start, train_set.answer_len,
                         torch.zeros_like(train_set.noisy))  # fmt: skip
@@ -303,7 +323,6 @@ def run(cfg: Config, run) -> dict:
             "head_ablation_corr_null_unrelated": ha["corr_null_unrelated"],
             "head_ablation_corr_excess": ha["corr"] - ha["corr_null_unrelated"],
         }
-    layer = an.neuron_layer % n_layers(model)
     neurons = stage("neurons", lambda: A.run_neurons(model, circ["memorization_scores"], probe_set, probe_items,
                                                      test, test_items, noisy, noisy_items, cfg.task.digit_order,
                                                      an.neuron_k, layer, cfg.seed, an.neuron_random_draws))  # fmt: skip
