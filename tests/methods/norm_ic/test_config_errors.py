@@ -4,13 +4,10 @@ each printed a traceback after the run folder and minutes of work before."""
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from reprlab.cli import app
 from reprlab.errors import ConfigError
 from reprlab.methods.norm_ic.extract import check_layers
-
-runner = CliRunner()
+from tests.cli_errors import assert_run_refused
 
 
 @pytest.mark.parametrize(
@@ -31,11 +28,7 @@ def test_bad_normic_settings_exit_2_before_the_run_folder(tmp_path, overrides, e
         folders[name].mkdir()
         (folders[name] / "config.json").write_text(json.dumps(config))
     overrides = [o.format(**folders) for o in overrides]
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["run", "normic-tiny", "--out", str(out), *overrides])
-    assert result.exit_code == 2, result.output
-    assert expected.format(**folders) in result.output and "Traceback" not in result.output
-    assert not out.exists()
+    assert_run_refused(tmp_path / "out", "normic-tiny", overrides, expected.format(**folders))
 
 
 def test_layers_are_checked_against_the_depth_with_python_style_negatives():

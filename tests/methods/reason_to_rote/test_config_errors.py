@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 from reprlab.cli import app
 from reprlab.errors import ConfigError
 from reprlab.methods.reason_to_rote.fda import FDAConfig
+from tests.cli_errors import assert_run_refused
 
 runner = CliRunner()
 
@@ -30,11 +31,7 @@ runner = CliRunner()
     ],
 )
 def test_bad_fda_settings_exit_2_before_the_run_folder(tmp_path, overrides, expected):
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["run", "rote-fda-tiny", "--out", str(out), *overrides])
-    assert result.exit_code == 2, result.output
-    assert expected in result.output and "Traceback" not in result.output
-    assert not out.exists()
+    assert_run_refused(tmp_path / "out", "rote-fda-tiny", overrides, expected)
 
 
 def test_library_callers_get_config_errors_too():
