@@ -8,7 +8,8 @@ class; the trainer and the recipe look defenses up by name in :data:`REGISTRY`.
 * ``losses``: CLIP InfoNCE, in-modality InfoNCE, the OT alignment losses; ``matching``: the caption bank, OTCCLIP's
   OT re-matching and RoCLIP's nearest-neighbour matching.
 * ``none``, ``roclip``, ``safeclip``, ``cleanclip``, ``otcclip``: one defense each; ``copies``, ``consensus``,
-  ``release``, ``blend`` and ``options`` (its option checks) OTCCLIP's parts; ``oracle``: the poison-free reference model (trains on the pairs not marked as poisons).
+  ``release``, ``blend`` and ``options`` (its option checks) OTCCLIP's parts; ``oracle``: the poison-free
+  reference model (trains on the pairs not marked as poisons).
 """
 
 from __future__ import annotations
