@@ -139,6 +139,33 @@ def check_model_available(model_id: str, what: str = "model") -> str:
                                  "local folder, not in the local Hugging Face cache)", hint)  # fmt: skip
 
 
+def model_config(model_id: str, what: str = "model"):
+    """The transformers config of an offline model (a packaged alias, a folder or the HF cache), read without
+    loading weights; None for a GGUF file, whose metadata takes seconds to parse (the loader reads it).
+
+    Called by preflight after :func:`check_model_available`, so a folder whose config.json transformers cannot
+    read fails before the run folder exists, not at load time.
+
+    Raises:
+        ConfigError: the config does not load, naming ``what`` and the model with transformers' reason.
+    """
+    from transformers import AutoConfig
+
+    from reprlab.errors import ConfigError
+
+    path, kwargs = _resolve(model_id)
+    if kwargs.get("gguf_file"):
+        return None
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError, AttributeError) as err:
+        why = " ".join(str(err).split()) or type(err).__name__
+        if len(why) > 200:  # transformers appends upgrade advice and lists of known model types
+            why = why[:200].rsplit(". ", 1)[0] + "."
+        raise ConfigError(f"{what}={model_id!r} is not a usable model: transformers cannot read its config.json "
+                          f"({why})") from err  # fmt: skip
+
+
 def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Load a causal LM and its tokenizer.
 

@@ -162,6 +162,7 @@ def test_poison_errors_name_the_file(files, tmp_path):
     res = runner.invoke(app, ["otcclip", "poison", files["captions"], str(tmp_path / "o5"), "--target",
                               str(fake), "--adv-class", "bag", "-n", "2"])  # fmt: skip
     assert res.exit_code == 2 and "target.png" in res.output, res.output
+    assert not (tmp_path / "o5").exists()  # not even an empty targets/ left behind
     # too few captions name the class; an unknown trigger names the option's valid values
     res = runner.invoke(app, ["otcclip", "poison", files["captions"], str(tmp_path / "o6"), "--target",
                               str(Path(files["test"]) / "bag" / next(iter(sorted(p.name for p in (Path(files["test"]) / "bag").iterdir())))),

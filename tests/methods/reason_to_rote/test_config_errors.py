@@ -57,3 +57,17 @@ def test_neuron_layer_of_a_hf_model_is_checked_once_loaded_before_training(tmp_p
     assert "analysis.neuron_layer=2 is out of range for a model with 2 layers" in result.output
     assert "Traceback" not in result.output
     assert not (out / "metrics.jsonl").exists()  # stopped before the first training step
+
+
+def test_a_hf_folder_whose_config_does_not_load_stops_before_the_run_folder(tmp_path):
+    """A folder with a config.json transformers cannot read passes the availability check (the file is there);
+    preflight reads the config (no weights) so the run stops with the folder named, before any folder is made."""
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "nosuch"}')
+    assert_run_refused(
+        tmp_path / "out",
+        "rote-fda-tiny",
+        [f"model.hf_id={folder}"],
+        f"model.hf_id='{folder}' is not a usable model",
+    )

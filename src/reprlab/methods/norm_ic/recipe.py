@@ -295,7 +295,7 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
 def preflight(cfg: Config) -> None:
     """Checks that need no work, run before the run folder exists: compositions, models reachable offline."""
     from reprlab.errors import ConfigError
-    from reprlab.models.hf import check_model_available
+    from reprlab.models.hf import check_model_available, model_config
 
     bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
     if bad:
@@ -318,30 +318,9 @@ def preflight(cfg: Config) -> None:
         return
     for key, mc in models:
         check_model_available(mc.model, f"{key}.model")
-        n = _config_layers(mc.model, f"{key}.model")
-        if n is not None:
-            check_layers(mc.layers, n, f"{key}.layers")
-
-
-def _config_layers(model_id: str, key: str) -> int | None:
-    """Blocks of an offline model, read from its config alone; None for a GGUF file, whose metadata takes
-    seconds to parse (``model_stage`` checks its layers once loaded)."""
-    from transformers import AutoConfig
-
-    from reprlab.errors import ConfigError
-    from reprlab.models.hf import _resolve
-
-    path, kwargs = _resolve(model_id)
-    if kwargs.get("gguf_file"):
-        return None
-    try:
-        return config_layers(AutoConfig.from_pretrained(path, local_files_only=True, **kwargs))
-    except (OSError, ValueError, KeyError, AttributeError) as err:
-        why = " ".join(str(err).split()) or type(err).__name__
-        if len(why) > 200:  # transformers appends upgrade advice and lists of known model types
-            why = why[:200].rsplit(". ", 1)[0] + "."
-        raise ConfigError(f"{key}={model_id!r} is not a usable model: transformers cannot read its config.json "
-                          f"({why})") from err  # fmt: skip
+        # a GGUF file's depth is checked once it is loaded (model_stage): its metadata takes seconds to parse
+        if (conf := model_config(mc.model, f"{key}.model")) is not None:
+            check_layers(mc.layers, config_layers(conf), f"{key}.layers")
 
 
 def run(cfg: Config, run) -> dict:

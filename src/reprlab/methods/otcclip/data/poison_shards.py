@@ -220,10 +220,11 @@ def poison_dataset(
     queue = [(t, j) for t in range(len(targets)) for j in range(per)]
     queue = [queue[i] for i in rng.permutation(len(queue))]
     used = set(keys)
+    for tg in targets:  # readable, or an error naming it, before any folder or file is made
+        load_image(Path(tg["source"]), 8, 3)
     out.mkdir(parents=True, exist_ok=True)
     (out / "targets").mkdir(exist_ok=True)
     for t, tg in enumerate(targets):
-        load_image(Path(tg["source"]), 8, 3)  # readable, or an error naming it, before anything is written
         tg["image"] = f"targets/target-{t:03d}{Path(tg['source']).suffix.lower()}"
         shutil.copyfile(tg["source"], out / tg["image"])
         tg["keys"] = []
