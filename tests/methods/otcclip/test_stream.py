@@ -371,3 +371,20 @@ def test_shards_recipe_end_to_end_then_streams_a_user_folder_and_resumes(tmp_pat
     for k, v in summary.items():
         if k.startswith("otcclip."):
             assert resumed[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_more_slots_than_shards_stops_at_preflight(tmp_path):
+    """One shard and stream.slots=2 would leave a slot empty: refused before a run folder exists (it was refused
+    only when the trainer was built, after the folder), with the fix."""
+    from reprlab.errors import ConfigError
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.recipes import get_recipe
+
+    shard = tmp_path / "one.tar"
+    shard.write_bytes(b"not read by preflight" * 10)
+    cfg = get_recipe("otcclip-shards-tiny").build_config(
+        ["stream.write_shards=false", f"stream.source={shard}", "stream.slots=2"]
+    )
+    with pytest.raises(ConfigError, match=r"stream.slots 2 exceeds the 1 shards of stream.source") as err:
+        R.preflight(cfg)
+    assert "at most 1" in err.value.hint

@@ -249,6 +249,19 @@ def open_source(source: str | Path, image_root: str = "", key: str = "stream.sou
     raise DataError(f"{key}: {path} is not a .tar shard, a folder of them or a .csv/.tsv/.jsonl table")
 
 
+def check_slots(source, key: str, slots: int) -> None:
+    """Refuse more ``stream.slots`` than ``source`` has shards (a slot would be empty); a table splits by rows.
+
+    Raises:
+        ConfigError: naming ``key``, the source and both counts.
+    """
+    if isinstance(source, ShardSource) and len(source) < slots:
+        raise ConfigError(
+            f"stream.slots {slots} exceeds the {len(source)} shards of {key} {source.name}: a slot would be empty",
+            hint=f"set stream.slots to at most {len(source)}, or write the data as more shards",
+        )
+
+
 def check_clean_source(source, key: str = "stream.clean_source") -> None:
     """Refuse a clean fine-tuning source whose provenance says it holds poisoned items (as the in-memory trainer
     refuses a clean set with poisoned pairs); a source without provenance (a table, shards without ``kind``)

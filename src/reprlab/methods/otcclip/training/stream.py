@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 
 from reprlab.errors import ConfigError, DataError
 from reprlab.methods.otcclip.config import StreamConfig
-from reprlab.methods.otcclip.data.sources import ShardSource
+from reprlab.methods.otcclip.data.sources import check_slots
 from reprlab.methods.otcclip.data.transforms import model_transform
 from reprlab.methods.otcclip.training.slots import SlotStream
 from reprlab.methods.otcclip.training.trainer import Trainer
@@ -100,11 +100,7 @@ class StreamTrainer(Trainer):
         # the clean source only where the defense trains on it: other defenses never open it (bit-identical)
         clean = clean if self.impl.clean_phases else None
         for key, src in (("stream.source", source), ("stream.clean_source", clean)):
-            if isinstance(src, ShardSource) and len(src) < sc.slots:
-                raise ConfigError(
-                    f"stream.slots {sc.slots} exceeds the {len(src)} shards of {key} {src.name}: a slot would be "
-                    "empty"
-                )
+            check_slots(src, key, sc.slots)
         self.scfg, self.source, self.clean_source = sc, source, clean
         slots = list(range(d.rank * local, (d.rank + 1) * local))
         self.local_slots = slots
