@@ -173,9 +173,8 @@ def preflight(cfg: Config) -> None:
         from reprlab.models.hf import check_model_available, model_config
 
         check_model_available(cfg.model.hf_id, "model.hf_id")
-        model_config(
-            cfg.model.hf_id, "model.hf_id"
-        )  # a config.json transformers cannot read, before the folder
+        # a config.json transformers cannot read stops here, before the run folder, not at load time
+        model_config(cfg.model.hf_id, "model.hf_id")
     else:  # a HF model's depth is known only once it is loaded: run() checks it there, before training
         _neuron_layer(cfg.analysis.neuron_layer, cfg.model.n_layers, "model.n_layers")
     if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:

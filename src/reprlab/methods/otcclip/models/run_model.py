@@ -14,9 +14,9 @@ from reprlab.errors import ConfigError, RunFolderError
 from reprlab.methods.otcclip.config import Config
 from reprlab.methods.otcclip.data.tokenizer import WordTokenizer
 from reprlab.methods.otcclip.models.build import build_model, build_tokenizer
+from reprlab.recipes import recipe_name_of_run
 from reprlab.runs import Run
 from reprlab.runs.checkpoint import list_checkpoints, load_checkpoint_dir
-from reprlab.runs.folder import RECIPE_HEADER
 
 
 def save_tokenizer(run: Run, tok) -> None:
@@ -41,8 +41,7 @@ def run_config(run_dir: Path) -> Config:
     try:
         return load_config(Config, yaml.safe_load(text))
     except ConfigError as err:  # another method's run: say so, not which of its keys we do not know
-        first = text.split("\n", 1)[0]
-        made_by = first.removeprefix(RECIPE_HEADER).strip() if first.startswith(RECIPE_HEADER) else "unknown"
+        made_by = recipe_name_of_run(run_dir) or "unknown"
         raise RunFolderError(
             f"{run_dir} is not an otcclip run: its config.yaml (recipe {made_by}) does not load as one ({err})"
         ) from err

@@ -22,10 +22,10 @@ def trains_on_clean(cfg: Config) -> bool:
 
 
 def preflight(cfg: Config) -> None:
-    """Checks before a run folder exists: the stream's source exists and is readable data, the options suit the
-    trainer and each defense (:meth:`~..defenses.base.Defense.check`), the model's architecture is available, and a clean source a defense trains on holds no item whose
-    provenance says poisoned (manifest.json's count, else one pass over the shards' metadata, no image
-    decoded)."""
+    """Checks before a run folder exists: the stream's source exists and is readable data with a shard per slot,
+    the options suit the trainer and each defense (:meth:`~..defenses.base.Defense.check`), the model's
+    architecture is available, and a clean source a defense trains on holds no item whose provenance says
+    poisoned (manifest.json's count, else one pass over the shards' metadata, no image decoded)."""
     if cfg.stream.source and cfg.stream.write_shards:
         raise ConfigError(
             "give stream.source or stream.write_shards, not both",
