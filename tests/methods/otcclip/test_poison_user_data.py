@@ -195,3 +195,25 @@ def test_poison_a_jsonl_table_with_a_missing_image(files, tmp_path):
     for n, r in enumerate(rows):
         if n != 3 and f"{n:09d}" not in src:
             assert got[f"{n:09d}"] == {"png": (root / r["image"]).read_bytes(), "txt": r["caption"].encode()}
+
+
+def test_poison_refuses_an_output_folder_that_holds_anything(files, tmp_path):
+    """OUT must be empty or new: a data folder given as OUT (here the table's own folder) would get shards and
+    ``targets/`` mixed into the user's files. The refusal names what it holds and writes nothing."""
+    runner = CliRunner()
+    data_dir = Path(files["captions"]).parent
+    before = sorted(p.name for p in data_dir.iterdir())
+    res = runner.invoke(app, ["otcclip", "poison", files["captions"], str(data_dir), "--backdoor", "2",
+                              "--backdoor-target", "bag"])  # fmt: skip
+    assert res.exit_code == 2 and "is not empty" in res.output and before[0] in res.output, res.output
+    assert sorted(p.name for p in data_dir.iterdir()) == before
+    file_out = tmp_path / "a-file"
+    file_out.write_text("x")
+    res = runner.invoke(app, ["otcclip", "poison", files["captions"], str(file_out)])
+    assert res.exit_code == 2 and "is a file" in res.output, res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty folder is accepted
+    res = runner.invoke(app, ["otcclip", "poison", files["captions"], str(empty), "--backdoor", "2",
+                              "--backdoor-target", "bag"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (empty / "manifest.json").exists()

@@ -388,3 +388,39 @@ def test_more_slots_than_shards_stops_at_preflight(tmp_path):
     with pytest.raises(ConfigError, match=r"stream.slots 2 exceeds the 1 shards of stream.source") as err:
         R.preflight(cfg)
     assert "at most 1" in err.value.hint
+
+
+def test_shards_that_are_not_tars_are_named_at_preflight(items, tmp_path):
+    """A shard whose first header is not a tar's is named before the run folder exists: every shard bad is an
+    error; some bad is an error with stream.on_bad_sample=error and a warning (they are skipped) with skip. A
+    good shard passes. Before, the first was found only through the zero-batch error's skip counts and the
+    second after the run folder existed."""
+    import warnings
+
+    from reprlab.errors import DataError
+    from reprlab.methods.otcclip import recipe as R
+    from reprlab.recipes import get_recipe
+
+    sh.write_shards(_data(items, 16), tmp_path, shard_size=8)  # two good shards
+    good = sorted(tmp_path.glob("*.tar"))
+    assert len(good) == 2
+
+    def cfg(source, *more):
+        return get_recipe("otcclip-shards-tiny").build_config(
+            ["stream.write_shards=false", f"stream.source={source}", "stream.slots=1", *more]
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        R.preflight(cfg(tmp_path))  # good shards: no error, no warning
+    (tmp_path / "manifest.json").unlink(missing_ok=True)  # the folder is a plain list of shards from here on
+    (tmp_path / "zz-bad.tar").write_bytes(b"not a tar archive at all" * 40)
+    with pytest.raises(DataError, match=r"1 of the 3 shards .* zz-bad.tar") as err:
+        R.preflight(cfg(tmp_path, "stream.on_bad_sample=error"))
+    assert "on_bad_sample=skip" in err.value.hint
+    with pytest.warns(UserWarning, match=r"zz-bad.tar .*they will be skipped"):
+        R.preflight(cfg(tmp_path))
+    for path in good:
+        path.unlink()
+    with pytest.raises(DataError, match=r"1 of the 1 shards .* zz-bad.tar"):
+        R.preflight(cfg(tmp_path))  # none opens: refused whatever on_bad_sample says

@@ -71,3 +71,26 @@ def test_a_hf_folder_whose_config_does_not_load_stops_before_the_run_folder(tmp_
         [f"model.hf_id={folder}"],
         f"model.hf_id='{folder}' is not a usable model",
     )
+
+
+def test_a_hf_folder_without_a_tokenizer_stops_before_the_run_folder_when_tokens_need_one(tmp_path):
+    """A model folder with a valid config but no tokenizer files: with ``model.tokens=tokenizer`` the task tokens
+    go through the tokenizer, so preflight loads it and stops, naming the key and the fix; before, the run folder
+    was made and the error came when the model was built."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path / "no-tokenizer"
+    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=32).save_pretrained(folder)  # fmt: skip
+    overrides = [f"model.hf_id={folder}", "model.from_config=true"]
+    assert_run_refused(
+        tmp_path / "out",
+        "rote-fda-tiny",
+        [*overrides, "model.tokens=tokenizer"],
+        "no tokenizer could be loaded",
+    )
+    # the task's own ids need no tokenizer: the same folder passes preflight (checked without training)
+    from reprlab.methods.reason_to_rote.recipe import preflight
+    from reprlab.recipes import get_recipe
+
+    preflight(get_recipe("rote-fda-tiny").build_config([*overrides, "model.tokens=task"]))

@@ -114,6 +114,25 @@ def _load_tokenizer(path: str, kwargs: dict, required: bool, hf_id: str):
         return None
 
 
+def _tokens_mode(tokens: str, from_config: bool) -> str:
+    """``model.tokens`` resolved: ``auto`` is ``task`` for a model built from its config, else ``tokenizer``."""
+    return ("task" if from_config else "tokenizer") if tokens == "auto" else tokens
+
+
+def check_tokenizer(hf_id: str, from_config: bool, tokens: str) -> None:
+    """Preflight: a model whose task tokens go through its tokenizer must have one that loads (a folder with a
+    config and weights but no tokenizer files fails here, before the run folder, not after training starts).
+
+    Raises:
+        ConfigError: naming ``model.hf_id`` and the loader's reason.
+    """
+    from reprlab.models.hf import _resolve
+
+    if _tokens_mode(tokens, from_config) == "tokenizer":
+        path, kwargs = _resolve(hf_id)
+        _load_tokenizer(path, kwargs, True, hf_id)
+
+
 def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list[int], list[str]]:
     """Model id of every task token, and the task tokens that need a new embedding row (module docstring).
 
@@ -166,7 +185,7 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
 
     if tokens not in TOKEN_MODES:
         raise ConfigError(f"model.tokens={tokens!r} is not one of {list(TOKEN_MODES)}")
-    mode = ("task" if from_config else "tokenizer") if tokens == "auto" else tokens
+    mode = _tokens_mode(tokens, from_config)
     path, kwargs = _resolve(hf_id)
     tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
 

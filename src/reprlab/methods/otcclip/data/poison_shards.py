@@ -177,8 +177,13 @@ def poison_dataset(
         too few captions naming an adversarial class, too few pairs to backdoor.
     """
     out = Path(out)
-    if out.exists() and (any(out.glob("*.tar")) or (out / sh.MANIFEST).exists()):
-        raise ConfigError(f"{out} already holds shards or a manifest.json; give an empty or new folder")
+    if out.is_file():
+        raise ConfigError(f"{out} is a file; give an empty or new folder for the poisoned shards")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        # any file, not only shards: a data folder given as OUT would get shards and targets/ mixed into it
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ConfigError(f"{out} is not empty (it holds {shown}); give an empty or new folder")
     src = open_input(source, image_root)
     rng = np.random.default_rng([seed, 9001])
     targets, class_names = _pick_targets(cfg, rng)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import json
+import tarfile
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -260,6 +262,37 @@ def check_slots(source, key: str, slots: int) -> None:
             f"stream.slots {slots} exceeds the {len(source)} shards of {key} {source.name}: a slot would be empty",
             hint=f"set stream.slots to at most {len(source)}, or write the data as more shards",
         )
+
+
+def check_shard_heads(source, key: str, on_bad: str = "skip") -> None:
+    """Open each shard of ``source`` and read its first member's header (512 bytes, or the first compressed
+    block), so that a file that is not a tar archive is named before the run folder exists; a tar corrupt further
+    in is found when it is read. No-op for a table.
+
+    Raises:
+        DataError: no shard opens, or (``on_bad="error"``) any does not, naming them and why. With ``"skip"``
+        some unreadable shards are a warning: the stream skips them and counts them.
+    """
+    if not isinstance(source, ShardSource):
+        return
+    bad: list[str] = []
+    for path in source.shards:
+        try:
+            with tarfile.open(path, "r|*") as tar:
+                tar.next()  # the first header only
+        except (tarfile.TarError, OSError, EOFError) as err:
+            bad.append(f"{path.name} ({err or type(err).__name__})")
+    if not bad:
+        return
+    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    what = (
+        f"{key}: {len(bad)} of the {len(source)} shards of {source.name} do not open as tar archives: {shown}"
+    )
+    if len(bad) == len(source):
+        raise DataError(what, hint="write webdataset shards (img2dataset, `reprlab otcclip make-shards`)")
+    if on_bad == "error":
+        raise DataError(what, hint="remove or re-write them, or set stream.on_bad_sample=skip to skip them")
+    warnings.warn(f"{what}; they will be skipped (stream.on_bad_sample=skip)", stacklevel=2)
 
 
 def check_clean_source(source, key: str = "stream.clean_source") -> None:

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from reprlab.errors import ConfigError
 from reprlab.methods.otcclip.config import Config, whole_set_options
-from reprlab.methods.otcclip.data.sources import check_clean_source, check_slots, open_source
+from reprlab.methods.otcclip.data.sources import (
+    check_clean_source,
+    check_shard_heads,
+    check_slots,
+    open_source,
+)
 from reprlab.methods.otcclip.defenses import REGISTRY
 from reprlab.methods.otcclip.models.build import build_model
 
@@ -57,9 +62,12 @@ def preflight(cfg: Config) -> None:
             "of webdataset .tar shards (e.g. CC3M written by img2dataset) or a CSV/TSV/JSONL of (image, caption)"
         )
     if cfg.stream.source:
-        check_slots(open_source(cfg.stream.source, cfg.stream.image_root), "stream.source", sc.slots)
+        source = open_source(cfg.stream.source, cfg.stream.image_root)
+        check_slots(source, "stream.source", sc.slots)
+        check_shard_heads(source, "stream.source", sc.on_bad_sample)
     if sc.clean_source:
         clean = open_source(sc.clean_source, sc.image_root, key="stream.clean_source")
+        check_shard_heads(clean, "stream.clean_source", sc.on_bad_sample)
         if trains_on_clean(cfg):
             check_slots(clean, "stream.clean_source", sc.slots)
             check_clean_source(clean)  # only where a defense will train on it
