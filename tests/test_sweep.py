@@ -98,6 +98,36 @@ def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):
     assert result.exit_code == 2 and "a run folder given: pass --out" in result.output, result.output
 
 
+def test_aggregate_out_never_writes_among_files_it_does_not_own(sweep, tmp_path):
+    """--out must be new, empty, or an earlier aggregate: a folder of the user's files and the sweep of
+    `reprlab run --seeds` given runs other than its own seeds are refused, and nothing in them changes."""
+    import shutil
+
+    seeds = [str(sweep / f"seed-{s}") for s in (0, 1)]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text('{"mine": 1}')
+    result = runner.invoke(app, ["aggregate", *seeds, "--out", str(mine)])
+    assert result.exit_code == 2 and "not a reprlab aggregate" in result.output, result.output
+    assert (mine / "summary.json").read_text() == '{"mine": 1}'
+    other = tmp_path / "other-sweep"
+    shutil.copytree(sweep, other)
+    before = (other / "summary.json").read_bytes()
+    result = runner.invoke(app, ["aggregate", *seeds, "--out", str(other)])
+    assert result.exit_code == 2 and "seed sweep of `reprlab run --seeds`" in result.output, result.output
+    assert (other / "summary.json").read_bytes() == before
+    # its own seeds are welcome (the aggregate is rebuilt in place), and so is an earlier aggregate
+    result = runner.invoke(
+        app, ["aggregate", *(str(other / f"seed-{s}") for s in (0, 1, 2)), "--out", str(other)]
+    )
+    assert result.exit_code == 0, result.output
+    agg = tmp_path / "agg"
+    for given in (seeds, [*seeds, str(sweep / "seed-2")]):
+        result = runner.invoke(app, ["aggregate", *given, "--out", str(agg)])
+        assert result.exit_code == 0, result.output
+        assert len(_read(agg / "sweep.json")["aggregated_from"]) == len(given)  # the marker follows the runs
+
+
 def test_aggregate_judges_each_seed_by_the_claims_as_declared_now(sweep, tmp_path):
     # a folder written under an older wording of a claim stores that wording's verdict; the aggregate's "holds on
     # seeds" must judge the claim it prints, so it re-evaluates each seed from the seed's own metrics

@@ -49,6 +49,24 @@ def _debug() -> bool:
     return os.environ.get("REPRLAB_DEBUG", "0") not in ("", "0")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm's and submitit's stop, a job preempted, `kill`) raised where the program is, as Ctrl-C is:
+    the same clean-up runs (an ``--overwrite`` puts the old results back, the run folder's lock is let go)."""
+
+
+def _term_as_interrupt() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (the console entry points only, never on
+    import: a library caller keeps its own handler)."""
+    import signal
+    import threading
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise)
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Print a :class:`ReprlabError` as one message (and its hint) and exit 2; a bug keeps its traceback."""
 
@@ -63,11 +81,12 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if getattr(err, "hint", None):
                 typer.echo(f"hint: {err.hint}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             if _debug():
                 raise
-            typer.echo("interrupted; `reprlab run ... --resume` continues from the last checkpoint", err=True)
-            raise typer.Exit(130) from None
+            what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+            typer.echo(f"{what}; `reprlab run ... --resume` continues from the last checkpoint", err=True)
+            raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
 
     return wrapper
 
@@ -249,18 +268,26 @@ def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run or sweep folder written by `reprlab run`."),
 ) -> None:
     """Rebuild report.html and report.md from a run (or sweep) folder's saved files alone."""
+    from contextlib import nullcontext
+
     from reprlab.report.build import build_report
+    from reprlab.runs.folder import refuse_if_being_written
+    from reprlab.runs.lock import RunLock
 
-    if (run_dir / "aggregate.json").exists():
-        from reprlab.report.sweep import build_sweep_report
+    # a folder a live run or sweep writes is refused, and the report holds the lock while it writes, so that a
+    # run cannot start under it (a missing folder falls through to the report's own error)
+    refuse_if_being_written(run_dir)
+    with RunLock.acquire(run_dir) if run_dir.is_dir() else nullcontext():
+        if (run_dir / "aggregate.json").exists():
+            from reprlab.report.sweep import build_sweep_report
 
-        html_path, md_path = build_sweep_report(run_dir)
-    elif (run_dir / "demo.json").exists():
-        from reprlab.demo import build_demo_report
+            html_path, md_path = build_sweep_report(run_dir)
+        elif (run_dir / "demo.json").exists():
+            from reprlab.demo import build_demo_report
 
-        html_path, md_path = build_demo_report(run_dir)
-    else:
-        html_path, md_path = build_report(run_dir)
+            html_path, md_path = build_demo_report(run_dir)
+        else:
+            html_path, md_path = build_report(run_dir)
     typer.echo(f"wrote {html_path} and {md_path}")
 
 
@@ -342,8 +369,10 @@ _mount_method_apps()
 
 
 def main() -> None:  # pragma: no cover - console entry
+    _term_as_interrupt()
     app()
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m reprlab.cli`, e.g. under torchrun
+    _term_as_interrupt()
     sys.exit(app())

@@ -5,6 +5,7 @@ Shared by the CLI (``reprlab run``) and the demo, which is why it lives outside 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -76,16 +77,31 @@ def _execute(
     if preflight is not None:
         preflight(cfg)
     out = Path(out) if out is not None else _default_out(recipe.name + ("-demo" if demo else ""))
-    run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
-                     argv=["reprlab", "run", recipe_name, *all_overrides], resume_from=resume_from)  # fmt: skip
-    ok = False
-    try:
-        with run_log(run.dir, resumed=resume, enabled=run.is_main):
-            _run_body(run, module, cfg, claims, trackers, demo)
-        ok = True
-    finally:
-        run.close(success=ok)
+    with _run_threads(getattr(cfg, "threads", 0)):  # set before env.json records the count: the run's own
+        run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
+                         argv=["reprlab", "run", recipe_name, *all_overrides], resume_from=resume_from)  # fmt: skip
+        ok = False
+        try:
+            with run_log(run.dir, resumed=resume, enabled=run.is_main):
+                _run_body(run, module, cfg, claims, trackers, demo)
+            ok = True
+        finally:
+            run.close(success=ok)
     return run.dir
+
+
+@contextlib.contextmanager
+def _run_threads(threads: object):
+    """A recipe's ``threads`` (> 0) for the whole run, the caller's count restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _run_body(run, module, cfg, claims, trackers, demo: bool) -> None:

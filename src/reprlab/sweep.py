@@ -307,9 +307,7 @@ def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:
             what = "a run folder" if len(paths) == 1 else "several folders"
             raise ConfigError(f"{what} given: pass --out for the aggregate's own folder")
     out = Path(out)
-    st = folder_state(out)
-    if st is FolderState.RUN:
-        raise RunFolderError(f"--out {out} is a run folder; the aggregate needs its own folder")
+    _check_aggregate_out(out, paths, folders)
     out.mkdir(parents=True, exist_ok=True)
     try:
         claims = get_recipe(runs[0].recipe).claims()
@@ -318,11 +316,34 @@ def aggregate_folders(paths: Sequence[Path], out: Path | None = None) -> Path:
         claims = ()
     with RunLock.acquire(out):
         remove_temporaries(out, recursive=False)
-        if not (out / "sweep.json").exists():
-            atomic_write_json(out / "sweep.json", {"recipe": runs[0].recipe, "aggregated_from": [str(p) for p in
-                                                                                               folders]})  # fmt: skip
+        marker = out / "sweep.json"
+        if not marker.exists() or "aggregated_from" in read_json(marker):  # a sweep's own marker stays
+            atomic_write_json(
+                marker, {"recipe": runs[0].recipe, "aggregated_from": [str(p) for p in folders]}
+            )
         write_aggregate(out, runs, claims)
     return out
+
+
+def _check_aggregate_out(out: Path, paths: Sequence[Path], folders: Sequence[Path]) -> None:
+    """Refuse an aggregate ``--out`` whose files are not the aggregate's to replace: a run folder, a folder of
+    someone's files, or the sweep of ``reprlab run --seeds`` given runs other than its own seeds (its summary
+    would then describe runs its ``sweep.json`` and ``seed-*`` folders do not).
+
+    Raises:
+        RunFolderError: naming the folder and why.
+    """
+    st = folder_state(out)
+    if st is FolderState.RUN:
+        raise RunFolderError(f"--out {out} is a run folder; the aggregate needs its own folder")
+    if st is FolderState.FOREIGN and not (len(paths) == 1 and Path(paths[0]).resolve() == out.resolve()):
+        raise RunFolderError(f"--out {out} is a non-empty folder that is not a reprlab aggregate; reprlab will not "
+                             "write into it", hint="choose a new or empty folder")  # fmt: skip
+    if st is FolderState.SWEEP and "aggregated_from" not in read_json(out / "sweep.json"):
+        home = out.resolve()
+        if any(home not in Path(f).resolve().parents for f in folders):
+            raise RunFolderError(f"--out {out} is the seed sweep of `reprlab run --seeds`; aggregating other runs "
+                                 "into it would mix their results with its own", hint="choose a new or empty folder")  # fmt: skip
 
 
 __all__ = ["LAUNCHERS", "aggregate_folders", "parse_seeds", "run_sweep", "seed_dir", "write_aggregate"]

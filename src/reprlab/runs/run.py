@@ -76,6 +76,34 @@ def config_differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
 
 
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _resume_mismatch(run_dir: Path, recipe: str, saved: dict, resolved: dict) -> RunFolderError:
+    """The error of a ``--resume`` whose config is not the folder's: another recipe said as such, else the first
+    differing keys (values cut short), with the command that made the run when ``env.json`` has it."""
+    first = (run_dir / "config.yaml").read_text(encoding="utf-8").splitlines()[:1]
+    made_by = first[0].split(":", 1)[1].strip() if first and first[0].startswith("# recipe:") else None
+    try:
+        command = read_json(run_dir / "env.json").get("command")
+    except (OSError, ValueError):
+        command = None
+    how = (f"it was made by `{' '.join(map(str, command))}`: run that again with --out {run_dir} --resume"
+           if isinstance(command, list) and command else "resume with the same recipe and overrides")  # fmt: skip
+    if made_by and made_by != recipe:
+        return RunFolderError(f"--resume: {run_dir} is a run of recipe {made_by}, not {recipe}", hint=how)
+    diffs = []
+    for line in config_differences(saved, resolved)[:5]:
+        key, _, change = line.partition(": ")
+        old, _, new = change.partition(" -> ")
+        diffs.append(f"{key}: {_short(old, 40)} -> {_short(new, 40)}" if len(line) > 90 else line)
+    return RunFolderError(
+        f"--resume: the config given differs from {run_dir}/config.yaml ({'; '.join(diffs)})", hint=how
+    )
+
+
 class Run:
     """A run folder and everything a recipe writes into it.
 
@@ -163,11 +191,7 @@ class Run:
                 except (yaml.YAMLError, UnicodeDecodeError) as err:
                     raise RunFolderError(f"--resume: {run_dir}/config.yaml is corrupt: {err}") from err
                 if saved != resolved:
-                    diff = ", ".join(config_differences(saved or {}, resolved)[:5])
-                    raise RunFolderError(
-                        f"--resume: the config given differs from {run_dir}/config.yaml ({diff})",
-                        hint="resume with the same recipe and overrides (see the first lines of config.yaml)",
-                    )
+                    raise _resume_mismatch(run_dir, recipe, saved or {}, resolved)
                 prepare_resume(run_dir, resume_from, run.logger)
                 run._truncate_metrics_to_last_durable_event()
                 if (run_dir / "env.json").exists():

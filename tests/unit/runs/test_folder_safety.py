@@ -69,6 +69,71 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path, monkeypatch):
     execute("smoke-digits", FAST, cut, resume=True, quiet=True)  # the holder is gone: the lock is free again
 
 
+def test_report_of_a_folder_being_written_is_refused(tmp_path, full_run):
+    """`reprlab report` writes report.html/.md into the folder: while a live process holds the folder's lock it
+    is refused, naming the holder, and the report is left as it was; once the holder is gone it rebuilds."""
+    from typer.testing import CliRunner
+
+    from reprlab.cli import app
+
+    before = (full_run / "report.md").read_bytes()
+    (full_run / "report.md").write_text("stale")
+    holder = _hold_lock_in_other_process(full_run)
+    try:
+        result = CliRunner().invoke(app, ["report", str(full_run)])
+        assert result.exit_code == 2 and f"pid {holder.pid}" in result.output, result.output
+        assert (full_run / "report.md").read_text() == "stale"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    result = CliRunner().invoke(app, ["report", str(full_run)])
+    assert result.exit_code == 0, result.output
+    assert (full_run / "report.md").read_bytes() == before
+
+
+def test_sigterm_is_handled_as_ctrl_c_so_an_overwrite_puts_the_old_results_back(tmp_path, full_run):
+    """Slurm, submitit and preemption stop a job with SIGTERM: the console entry turns it into the same clean-up
+    as Ctrl-C (exit 143, one line, the old results of an --overwrite swapped back, the lock let go). Before, the
+    process died at once and left the new, unfinished run in place of the finished one."""
+    import signal
+    import time
+
+    before = (full_run / "summary.json").read_bytes()
+    cmd = [sys.executable, "-m", "reprlab.cli", "run", "smoke-digits", "--out", str(full_run), "--overwrite",
+           "-q", "train.epochs=400"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+
+        def training() -> bool:  # the old run is set aside and the new one has written a metrics line
+            aside = list(full_run.parent.glob(f".{full_run.name}.replaced-*"))
+            return bool(aside) and (full_run / "metrics.jsonl").exists()
+
+        while not training() and time.time() < deadline:
+            time.sleep(0.2)
+        assert training(), "the new run never started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err, err
+    assert (full_run / "summary.json").read_bytes() == before
+    assert RunLock.holder(full_run) is None
+
+
+def test_resume_with_another_config_says_how_the_run_was_made(tmp_path, full_run):
+    """--resume with other overrides names the differing key and gives the command that made the run; with
+    another recipe it says so instead of listing whole config sections."""
+    with pytest.raises(RunFolderError, match=r"train.epochs: 3 -> 4") as err:
+        execute(
+            "smoke-digits", ["train.epochs=4", "train.checkpoint_every=10"], full_run, resume=True, quiet=True
+        )
+    assert "reprlab run smoke-digits train.epochs=3 train.checkpoint_every=10" in err.value.hint
+    with pytest.raises(RunFolderError, match=r"is a run of recipe smoke-digits, not normic-tiny"):
+        execute("normic-tiny", [], full_run, resume=True, quiet=True)
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "r"
     folder.mkdir()
