@@ -86,13 +86,42 @@ def run_headline(h: Headline, summary: Mapping[str, Any]) -> list[dict[str, Any]
     return _grid(h, cell)
 
 
+def coded_counts(labels: Mapping[Any, str], per_seed: Mapping[str, Any]) -> str | None:
+    """A coded key over seeds as its labels' counts ("survives (+) on 2, explained by a null on 1 of 3 seeds"),
+    the mean of codes such as +1/0/−1 being no verdict; None unless every seed's value is one of ``labels``."""
+    vals = [v for v in per_seed.values() if v is not None]
+    if not vals or any(v not in labels for v in vals):
+        return None
+    counts: dict[str, int] = {}
+    for v in vals:
+        counts[labels[v]] = counts.get(labels[v], 0) + 1
+    parts = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{t} on {n}" for t, n in parts) + f" of {len(vals)} seed{'s' if len(vals) != 1 else ''}"
+
+
+def coded_keys(heads: Sequence[Headline], keys: Sequence[str]) -> dict[str, Mapping[Any, str]]:
+    """``{summary key: labels}`` for the ``keys`` that hold coded values: the headline cells of a labelled
+    column, and any other key whose last part names such a column (every ``*.verdict``, shown or not)."""
+    cells = {h.key(r, c): h.labels[c] for h in heads for _, r in h.rows for _, c in h.cols if c in h.labels}
+    parts = {c: labels for h in heads for c, labels in h.labels.items() if c}
+    out = {}
+    for key in keys:
+        labels = cells.get(key) or parts.get(key.rsplit(".", 1)[-1])
+        if labels is not None:
+            out[key] = labels
+    return out
+
+
 def sweep_headline(h: Headline, detail: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The table of a sweep: mean [95 % interval] over seeds for every cell (``aggregate.json`` keys)."""
+    """The table of a sweep: mean [95 % interval] over seeds for every cell (``aggregate.json`` keys); a coded
+    column (``labels``) gives each label's count of seeds instead."""
 
     def cell(key: str, col: str) -> str | None:
         info = detail.get(key)
         if info is None:
             return None
+        if col in h.labels and (text := coded_counts(h.labels[col], info.get("per_seed", {}))) is not None:
+            return text
         if info.get("ci_lo") is None:
             return f"{fmt(info['mean'])} (1 seed)"
         return fmt_ci(info["mean"], info["ci_lo"], info["ci_hi"])
@@ -112,6 +141,12 @@ def sweep_figure(heads: Sequence[Headline], detail: Mapping[str, Mapping[str, An
     for h in heads:
         if len(h.cols) > 1:
             for col_label, col in h.cols:
+                if col in h.labels and all(
+                    coded_counts(h.labels[col], detail[h.key(r, col)].get("per_seed", {})) is not None
+                    for _, r in h.rows
+                    if h.key(r, col) in detail
+                ):  # coded values have no mean to draw
+                    continue
                 entries = [(label, detail[h.key(r, col)]) for label, r in h.rows if h.key(r, col) in detail]
                 if entries:
                     panels.append((col_label, entries))

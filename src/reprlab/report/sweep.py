@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reprlab.report.build import claims_section
-from reprlab.report.headline import headlines_of, sweep_figure, sweep_headline
+from reprlab.report.headline import coded_counts, coded_keys, headlines_of, sweep_figure, sweep_headline
 from reprlab.report.render import fmt, fmt_ci, render
 from reprlab.report.section import Section
 from reprlab.results.intervals import METHOD_TEXT
@@ -61,10 +61,18 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
                             "and its 95% interval (whisker) for the headline keys.")  # fmt: skip
         sections.append(claims)
     rows = []
+    coded = coded_keys(heads, list(detail))
     for key, info in detail.items():
         if key.startswith("claims.") or key == "wall_time_s":
             continue
-        row = {"metric": key, "mean [95% CI]": _cell(info), "interval": info.get("ci_method", "student-t")}
+        if key in coded and (text := coded_counts(coded[key], info["per_seed"])) is not None:
+            row = {"metric": key, "mean [95% CI]": text, "interval": "coded (seeds per label)"}
+        else:
+            row = {
+                "metric": key,
+                "mean [95% CI]": _cell(info),
+                "interval": info.get("ci_method", "student-t"),
+            }
         row.update({f"seed {s}": info["per_seed"].get(s, "–") for s in seeds})
         rows.append(row)
     text = (f"{len(seeds)} seeds ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "

@@ -180,3 +180,31 @@ def test_documents_longer_than_the_context_are_counted_not_hidden(short_context_
     assert ctx["prefixes"] >= 4
     sec = next(x for x in report_sections(run_dir) if x.title.startswith("Documents longer"))
     assert sec.table[0]["over context"] == 4
+
+
+def test_undefined_correlations_read_n_a_in_the_report_tables():
+    """A constant norm (the CLS state at layer 0) has no rank correlation: the report says n/a, with no verdict
+    mark, instead of 'nan (no)'; a normalisation that was not run is a dash, not a blank cell."""
+    from reprlab.methods.norm_ic.report import _ci, normalization_table
+
+    nan = float("nan")
+    rows = [
+        {"source": "m", "composition": "pooled", "normalization": "raw", "spearman": nan, "verdict": 0},
+        {"source": "m", "composition": "sum", "normalization": "raw", "spearman": 0.5, "verdict": 1},
+        {
+            "source": "m",
+            "composition": "sum",
+            "normalization": "whiten_zipf",
+            "spearman": -0.25,
+            "verdict": -1,
+        },
+    ]
+    table = normalization_table(rows)
+    assert table == [
+        {"source": "m", "composition": "pooled", "raw": "n/a", "whiten_zipf": "–"},
+        {"source": "m", "composition": "sum", "raw": "0.500 (+)", "whiten_zipf": "-0.250 (−)"},
+    ]
+    assert _ci({"spearman": nan, "spearman_lo": nan, "spearman_hi": nan}, "spearman") == "n/a"
+    assert (
+        _ci({"spearman": 0.5, "spearman_lo": 0.4, "spearman_hi": 0.6}, "spearman") == "0.500 [0.400, 0.600]"
+    )

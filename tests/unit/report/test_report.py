@@ -110,6 +110,29 @@ def test_headline_table_lays_out_cells_and_drops_empty_rows_and_columns():
                                          {"defense": "OTCCLIP", "ASR": "0.1 (1 seed)"}]  # fmt: skip
 
 
+def test_a_coded_column_over_seeds_counts_its_labels_instead_of_averaging_codes():
+    """A verdict of +1/0/−1 averaged over seeds (0.5 [−5.9, 6.9]) is no verdict: a sweep shows how many seeds
+    gave each label, in the headline and for every key whose last part is the coded column."""
+    from reprlab.report.headline import coded_counts, coded_keys
+
+    labels = {1: "survives (+)", -1: "survives (−)", 0: "explained by a null"}
+    h = Headline(rows=(("sum", "m.sum"), ("ind", "m.ind")), cols=(("rho", "spearman"), ("nulls", "verdict")),
+                 pattern="{row}.{col}", labels={"verdict": labels})  # fmt: skip
+    detail = {
+        "m.sum.spearman": {"mean": 0.4, "ci_lo": 0.3, "ci_hi": 0.5, "per_seed": {"0": 0.35, "1": 0.45}},
+        "m.sum.verdict": {"mean": 0.5, "ci_lo": -5.9, "ci_hi": 6.9, "per_seed": {"0": 1.0, "1": 0}},
+        "m.ind.verdict": {"mean": -1.0, "ci_lo": -1.0, "ci_hi": -1.0, "per_seed": {"0": -1, "1": -1.0}},
+    }
+    rows = sweep_headline(h, detail)
+    assert rows[0]["nulls"] in ("survives (+) on 1, explained by a null on 1 of 2 seeds",
+                                "explained by a null on 1, survives (+) on 1 of 2 seeds")  # fmt: skip
+    assert rows[1]["nulls"] == "survives (−) on 2 of 2 seeds"
+    assert rows[0]["rho"] == "0.40 [0.30, 0.50]"  # other columns keep the mean and interval
+    keys = coded_keys([h], ["m.sum.verdict", "other.first@whiten.verdict", "m.sum.spearman"])
+    assert set(keys) == {"m.sum.verdict", "other.first@whiten.verdict"}
+    assert coded_counts(labels, {"0": 0.5}) is None  # a value outside the codes: not a coded key after all
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_cells_read_n_a(value):
     assert "| n/a |" in table_markdown([{"x": value}])

@@ -60,7 +60,14 @@ def _load(run_dir: Path, rel: str):
         raise ValueError(f"{path} is corrupt: {err}") from err
 
 
+def _num(v, spec: str = ".3f") -> str:
+    """``v`` formatted, or "n/a" where it is undefined (a constant norm has no rank correlation)."""
+    return format(v, spec) if v is not None and np.isfinite(v) else "n/a"
+
+
 def _ci(row: dict, stat: str) -> str:
+    if not np.isfinite(row[stat]):
+        return "n/a"
     return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
 
 
@@ -120,7 +127,7 @@ def survival_text(rows: list[dict]) -> str:
         rs = [r for r in raw if r["source"] == src]
         pos = [r["composition"] for r in rs if r["verdict"] == 1]
         neg = [r["composition"] for r in rs if r["verdict"] == -1]
-        gone = [f"{r['composition']} (ρ {r['spearman']:+.2f}; {r['failed']}{_partial(r)})" for r in rs if r["verdict"] == 0]  # fmt: skip
+        gone = [f"{r['composition']} (ρ {_num(r['spearman'], '+.2f')}; {r['failed']}{_partial(r)})" for r in rs if r["verdict"] == 0]  # fmt: skip
         pc = rs[0].get("piece_count_spearman")
         pc_txt = (
             f"piece count alone ρ = {pc:+.2f}" if pc is not None and np.isfinite(pc) else "one piece per word"
@@ -160,10 +167,12 @@ def normalization_table(rows: list[dict]) -> list[dict]:
     table: dict[tuple, dict] = {}
     for r in rows:
         if r["composition"] in keep:
-            cell = f"{r['spearman']:.3f}" + (mark[r["verdict"]] if "verdict" in r else "")
+            defined = np.isfinite(r["spearman"])
+            cell = _num(r["spearman"]) + (mark[r["verdict"]] if "verdict" in r and defined else "")
             table.setdefault((r["source"], r["composition"]), {"source": r["source"], "composition": r["composition"]})[
                 r["normalization"]] = cell  # fmt: skip
-    return list(table.values())
+    cols = list(dict.fromkeys(k for row in table.values() for k in row))
+    return [{k: row.get(k, "–") for k in cols} for row in table.values()]  # a normalisation not run: a dash
 
 
 def scatter_figure(scatter: dict, rows: list[dict]):
@@ -234,7 +243,7 @@ def band_table(scatter: dict, rows: list[dict]) -> list[dict]:
             for b in np.unique(band):
                 m = band == b
                 rho = spearman(ic[m], sq[m]) if m.sum() > 5 else float("nan")
-                row[f"b{b} rho / mean"] = f"{rho:.2f} / {sq[m].mean():.3g}"
+                row[f"b{b} rho / mean"] = f"{_num(rho, '.2f')} / {sq[m].mean():.3g}"
             out.append(row)
     return out
 

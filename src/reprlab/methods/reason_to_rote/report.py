@@ -47,12 +47,35 @@ def dynamics_section(
     ax.set_ylim(-0.02, 1.02)
     ax.legend(loc="center right")
     fig.tight_layout()
-    peak = max(rows, key=lambda r: r.get("noisy_true_answer", -1))
-    text = (f"Exact match along training (greedy answers, {len(rows)} evaluations). On noisy training items the "
-            f"true-answer rate peaks at {peak.get('noisy_true_answer', float('nan')):.3f} (step {peak['step']}), "
-            "then memorisation of the noisy label takes over: the generalise-then-memorise pattern, if present, "
-            "shows as the true-answer curve rising before the memorised curve.")  # fmt: skip
+    text = f"Exact match along training (greedy answers, {len(rows)} evaluations). " + _dynamics_words(rows)
     return Section(title, text, figure=fig)
+
+
+def _dynamics_words(rows: list[dict]) -> str:
+    """What the curves show, said only as far as the metrics show it: a true-answer peak followed by a
+    memorised share that overtakes it, or whichever part of that is missing."""
+    true = [(r["step"], r["noisy_true_answer"]) for r in rows if _finite(r.get("noisy_true_answer"))]
+    mem = [(r["step"], r["noisy_memorized"]) for r in rows if _finite(r.get("noisy_memorized"))]
+    if not true or not mem:
+        return "The noisy items' curves were not logged."
+    step, peak = max(true, key=lambda x: x[1])
+    last_step, last_mem = mem[-1]
+    said = f"On noisy training items the true-answer rate peaks at {peak:.3f} (step {step})"
+    if step == true[-1][0]:
+        said += ", at the last evaluation: it has not fallen back"
+    if last_mem <= 0:
+        return said + "; no noisy label is memorised by the end (memorised share 0)."
+    later = [v for s, v in true if s > step]
+    if later and last_mem > later[-1]:
+        return (said + f", then the memorised share overtakes it, ending at {last_mem:.3f} against a true-answer "
+                f"rate of {later[-1]:.3f}: the generalise-then-memorise pattern.")  # fmt: skip
+    return (
+        said + f"; the memorised share ends at {last_mem:.3f} (step {last_step}), below the true-answer rate."
+    )
+
+
+def _finite(v) -> bool:
+    return isinstance(v, int | float) and v == v and abs(v) != float("inf")
 
 
 def sweep_curves_section(seed_dirs: list[Path]) -> Section | None:
