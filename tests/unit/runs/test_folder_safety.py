@@ -134,6 +134,21 @@ def test_resume_with_another_config_says_how_the_run_was_made(tmp_path, full_run
         execute("normic-tiny", [], full_run, resume=True, quiet=True)
 
 
+def test_a_killed_overwrite_says_where_the_old_results_are(tmp_path, full_run):
+    """SIGKILL during --overwrite leaves the new, unfinished run in place and the old one set aside: a plain run
+    into the folder names the set-aside folder and how to go back, instead of only "an unfinished run"."""
+    import shutil
+
+    aside = tmp_path / f".{full_run.name}.replaced-12345"
+    shutil.copytree(full_run, aside)
+    (full_run / "summary.json").unlink()  # the new run, killed before it finished
+    with pytest.raises(
+        RunFolderError, match=rf"unfinished run; the results it replaced are kept in .*{aside.name}"
+    ) as err:
+        execute("smoke-digits", FAST, full_run, quiet=True)
+    assert f"rename {aside.name}" in err.value.hint
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "r"
     folder.mkdir()
