@@ -49,7 +49,7 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
     module = _module(agg["recipe"])
     means = {k: info["mean"] for k, info in detail.items()}
     heads = headlines_of(module, means) if module is not None else []
-    tables = [(f"{h.caption or 'Headline results'}: mean [95% interval] over {len(seeds)} seeds",
+    tables = [(f"{h.caption or 'Headline results'}: mean [95% interval] over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}",
                sweep_headline(h, detail)) for h in heads]  # fmt: skip
     tables = [(c, rows) for c, rows in tables if rows]
     sections = []
@@ -75,7 +75,7 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
             }
         row.update({f"seed {s}": info["per_seed"].get(s, "–") for s in seeds})
         rows.append(row)
-    text = (f"{len(seeds)} seeds ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "
+    text = (f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "
             "Run folders: " + ", ".join(f"`{p}`" for p in agg["runs"]) + ".")  # fmt: skip
     if agg.get("failed"):
         text += " **Failed seeds (not aggregated):** " + "; ".join(
