@@ -194,6 +194,10 @@ def run_sections(run_dir: Path, reference: bool = True) -> list[Section]:
     curves, then (with ``reference``) every summary value, config and environment, folded."""
     run_dir = Path(run_dir)
     sections = []
+    if not (run_dir / "summary.json").exists():  # said first, not only in the folded summary section
+        sections.append(Section("This run did not finish", text=(
+            "summary.json is missing: the run stopped before its end, so what follows is partial (the training "
+            "curves and stages written so far). `reprlab run RECIPE --out RUN --resume` finishes it.")))  # fmt: skip
     claims = claims_section(run_dir, run_headline_tables(run_dir))
     if claims is not None:
         sections.append(claims)

@@ -149,6 +149,19 @@ def test_a_killed_overwrite_says_where_the_old_results_are(tmp_path, full_run):
     assert f"rename {aside.name}" in err.value.hint
 
 
+def test_the_report_of_an_unfinished_run_says_so_first(tmp_path, monkeypatch):
+    """An interrupted run's report opens with a section saying it did not finish (it was said only inside the
+    folded summary section); a finished run's report has no such section."""
+    from reprlab.report.build import build_report
+
+    cut = _interrupted(tmp_path, monkeypatch)
+    _, md = build_report(cut)
+    text = md.read_text()
+    assert "This run did not finish" in text and text.index("This run did not finish") < text.index("Config")
+    done = execute("smoke-digits", ["train.epochs=1"], tmp_path / "done", quiet=True)
+    assert "This run did not finish" not in (done / "report.md").read_text()
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "r"
     folder.mkdir()
