@@ -60,7 +60,15 @@ def _term_as_interrupt() -> None:
     import signal
     import threading
 
+    owner = os.getpid()
+
     def _raise(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # a forked worker (a multiprocessing pool stops its workers with SIGTERM) inherits the handler:
+            # it dies as it would have, quietly, instead of printing a Terminated traceback
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         raise Terminated()
 
     if threading.current_thread() is threading.main_thread():

@@ -162,6 +162,21 @@ def test_the_report_of_an_unfinished_run_says_so_first(tmp_path, monkeypatch):
     assert "This run did not finish" not in (done / "report.md").read_text()
 
 
+def test_forked_pool_workers_stopped_by_sigterm_die_quietly():
+    """A multiprocessing pool stops its forked workers with SIGTERM; they inherit the console's handler, which
+    must let them die as before rather than print a Terminated traceback from each worker."""
+    code = textwrap.dedent("""
+        import multiprocessing as mp
+        from reprlab.cli import _term_as_interrupt
+        _term_as_interrupt()
+        with mp.get_context("fork").Pool(2) as pool:
+            print(sum(pool.map(abs, range(-5, 5))))
+    """)  # the with-block's exit is pool.terminate(): SIGTERM to every worker
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "25", proc.stderr
+    assert "Traceback" not in proc.stderr and "Terminated" not in proc.stderr, proc.stderr
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "r"
     folder.mkdir()
