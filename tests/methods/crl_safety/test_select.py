@@ -189,6 +189,18 @@ def test_rule_on_selects_the_step_and_exports_its_snapshot(scripted):
         assert math.isfinite(summary[f"crl.{k}"])
 
 
+def test_reprlab_export_gives_the_selected_step_not_the_last(scripted, tmp_path):
+    """`reprlab export --adapter` rebuilds a defence from the run folder: with defense.select it must be the
+    chosen step, the one the run evaluated and wrote to adapters/<kind>/ (it gave the last checkpoint, step 4)."""
+    from reprlab.methods.crl_safety.export import export
+
+    out, _, _ = scripted
+    done = export(out, "crl", {"adapter": tmp_path / "crl"})
+    ours = load_file(str(done["adapter"] / "adapter_model.safetensors"))
+    run = load_file(str(out / "adapters" / "crl" / "adapter_model.safetensors"))
+    assert ours.keys() == run.keys() and all(torch.equal(ours[k], run[k]) for k in run)
+
+
 def test_report_shows_the_validation_curves(scripted):
     out, _, _ = scripted
     sec = next(s for s in R.report_sections(out) if s.title.startswith("Choosing the step"))
