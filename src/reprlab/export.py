@@ -79,10 +79,15 @@ def export_run(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str,
     if bad:
         raise ConfigError(f"this method does not export {', '.join(bad)}; formats: {', '.join(mod.FORMATS)} "
                           f"(options {', '.join(option(f) for f in mod.FORMATS)})")  # fmt: skip
+    paths = [Path(p).resolve() for p in outputs.values()]
+    if len(set(paths)) < len(paths):
+        raise ConfigError("each format needs its own output folder; the same folder was given twice",
+                          "give each option a new folder")  # fmt: skip
     for fmt, out in outputs.items():
         out = Path(out)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise RunFolderError(f"{option(fmt)} folder {out} exists and is not empty",
+            what = "is a file" if not out.is_dir() else "exists and is not empty"
+            raise RunFolderError(f"{option(fmt)} folder {out} {what}",
                                  "give a new folder, or delete this one first")  # fmt: skip
     mod.check_stage(run_dir, stage)
     return mod.export(run_dir, stage, {fmt: Path(out) for fmt, out in outputs.items()})

@@ -142,15 +142,28 @@ def temp_sibling_dir(out: Path | str) -> Path:
     return tmp
 
 
-def publish_dir(tmp: Path | str, out: Path | str) -> Path:
-    """Rename the filled ``tmp`` onto ``out`` (replacing an older ``out``), files with the user's umask."""
+def publish_dir(tmp: Path | str, out: Path | str, replace: bool = True) -> Path:
+    """Rename the filled ``tmp`` onto ``out``, files with the user's umask. ``replace``: an older ``out`` (the
+    run's own folder, written again on resume) is replaced; without it (a user's export folder) only an empty
+    ``out`` is, and one that filled up meanwhile is refused, never deleted.
+
+    Raises:
+        RunFolderError: ``replace`` is off and ``out`` is a file or a folder that is not empty.
+    """
     import shutil
+
+    from reprlab.errors import RunFolderError
 
     tmp, out = Path(tmp), Path(out)
     for f in tmp.iterdir():
         if f.is_file():
             os.chmod(f, file_mode())
-    if out.exists():
+    if out.exists() and not replace:
+        if not out.is_dir() or any(out.iterdir()):
+            raise RunFolderError(f"{out} exists and is not empty (it was empty or absent when the export began)",
+                                 "give a new folder; nothing of its contents was changed")  # fmt: skip
+        out.rmdir()
+    elif out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out

@@ -168,6 +168,36 @@ def test_errors_name_the_valid_stages_and_the_missing_one(crl_run, tmp_path):
         export_run(out, "crl", {"onnx": tmp_path / "y"})
 
 
+def test_export_never_deletes_a_folder_it_does_not_own(crl_run, tmp_path):
+    """The same folder for two formats is refused before any work (the second write deleted the first); a
+    folder that fills up while the export runs is refused at the rename, its files untouched (it was deleted)."""
+    from reprlab.methods.crl_safety import export as X
+    from reprlab.runs import atomic
+
+    out, *_ = crl_run
+    with pytest.raises(ConfigError, match="the same folder was given twice"):
+        export_run(out, "crl", {"adapter": tmp_path / "same", "merged": tmp_path / "same"})
+    assert not (tmp_path / "same").exists()
+    race = tmp_path / "race"
+    real = atomic.temp_sibling_dir
+
+    def and_a_user_file(target):  # the user's file lands in OUT after the up-front check, before the rename
+        race.mkdir(exist_ok=True)
+        (race / "notes.txt").write_text("mine")
+        return real(target)
+
+    with pytest.MonkeyPatch.context() as mp:
+        import reprlab.methods.crl_safety.adapters as adapters
+
+        mp.setattr(adapters, "temp_sibling_dir", and_a_user_file)
+        with pytest.raises(RunFolderError, match="exists and is not empty"):
+            X.export(out, "crl", {"adapter": race})
+    assert [p.name for p in race.iterdir()] == ["notes.txt"] and (race / "notes.txt").read_text() == "mine"
+    assert not list(tmp_path.glob(".tmp_race_*"))  # no temporary left behind
+    (tmp_path / "empty").mkdir()
+    assert X.export(out, "crl", {"adapter": tmp_path / "empty"})["adapter"] == tmp_path / "empty"
+
+
 def test_cli_export(crl_run, tmp_path):
     from typer.testing import CliRunner
 

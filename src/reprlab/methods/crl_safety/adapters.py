@@ -103,8 +103,11 @@ def lora_config(fields: dict, base_id: str):
                       **fields)  # fmt: skip
 
 
-def write_adapter(out: Path, parts: list[LoraPart], base_id: str, note: str = "") -> Path:
-    """Write ``parts`` stacked as one peft adapter folder (atomically: a finished folder or none)."""
+def write_adapter(
+    out: Path, parts: list[LoraPart], base_id: str, note: str = "", replace: bool = True
+) -> Path:
+    """Write ``parts`` stacked as one peft adapter folder (atomically: a finished folder or none); ``replace``:
+    see :func:`~reprlab.runs.atomic.publish_dir` (off for a user's export folder)."""
     from safetensors.torch import save_file
 
     fields, state = stack(parts)
@@ -113,7 +116,7 @@ def write_adapter(out: Path, parts: list[LoraPart], base_id: str, note: str = ""
         lora_config(fields, base_id).save_pretrained(str(tmp))
         save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         (tmp / "README.md").write_text(_readme(base_id, fields["r"], note), encoding="utf-8")
-        return publish_dir(tmp, out)
+        return publish_dir(tmp, out, replace)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -167,7 +167,7 @@ def export(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str, Pat
     done = {}
     if "adapter" in outputs:
         note = f"Stage `{stage}` of the CRL run in `{run_dir}`."
-        done["adapter"] = write_adapter(Path(outputs["adapter"]), parts, cfg.model, note)
+        done["adapter"] = write_adapter(Path(outputs["adapter"]), parts, cfg.model, note, replace=False)
     if "merged" in outputs:
         merged = merge(base, parts, cfg.model)
         done["merged"] = save_merged(merged, tok, Path(outputs["merged"]), f"stage {stage} of {run_dir}")
@@ -209,7 +209,7 @@ def save_merged(model, tok, out: Path, what: str = "") -> Path:
             cfg.setdefault("chat_template", tok.chat_template)
             (tmp / "tokenizer_config.json").write_text(dumps_json(cfg, indent=2), encoding="utf-8")
         log.info("merged %s into %s", what, out)
-        return publish_dir(tmp, out)
+        return publish_dir(tmp, out, replace=False)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -41,7 +41,7 @@ def _write(out: Path, fill) -> Path:
     tmp = temp_sibling_dir(Path(out))
     try:
         fill(tmp)
-        return publish_dir(tmp, Path(out))
+        return publish_dir(tmp, Path(out), replace=False)  # a user's folder: never deleted
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
