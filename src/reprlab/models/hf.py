@@ -166,6 +166,51 @@ def model_config(model_id: str, what: str = "model"):
                           f"({why})") from err  # fmt: skip
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5")
+_PROBE_TEXT = "the quick brown fox jumps over the lazy dog"
+
+
+def check_model_files(model_id: str, what: str = "model", weights: bool = True, tokenizer: bool = True,
+                      chat_template: bool = False) -> None:  # fmt: skip
+    """Preflight of a local model folder, beyond its config (:func:`model_config`): it holds weights (unless
+    the model is built from its config), a tokenizer that loads and turns plain text into tokens other than
+    the unknown token (transformers builds an empty vocabulary from a folder without tokenizer files, which
+    silently turns every word into ``[UNK]``, or into nothing), and, where asked, a chat template. Packaged
+    aliases, GGUF files and models in the hub cache are left to their loader.
+
+    Raises:
+        ConfigError: naming ``what``, the folder and what is missing.
+    """
+    from reprlab.errors import ConfigError
+
+    path = Path(model_id).expanduser()
+    if model_id.lower() in PACKAGED_MODELS or not path.is_dir() or any(path.glob("*.gguf")):
+        return
+    if weights and not any(True for g in WEIGHT_FILES for _ in path.glob(g)):
+        raise ConfigError(f"{what}={model_id!r}: the folder holds no weights (no {', '.join(WEIGHT_FILES[:2])} "
+                          "file)", "point it at a folder written by save_pretrained, weights included")  # fmt: skip
+    if not (tokenizer or chat_template):
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        why = " ".join(str(err).split())[:160] or type(err).__name__
+        raise ConfigError(f"{what}={model_id!r}: no tokenizer could be loaded ({why})",
+                          "save the tokenizer into the folder (tokenizer.save_pretrained)") from err  # fmt: skip
+    ids = tok(_PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    if not ids or (tok.unk_token_id is not None and all(i == tok.unk_token_id for i in ids)):
+        got = "no token" if not ids else f"only the unknown token {tok.unk_token!r}"
+        raise ConfigError(f"{what}={model_id!r}: its tokenizer ({len(tok)} entries) turns plain text into {got}: "
+                          "the folder has no tokenizer files, so transformers built an empty vocabulary",
+                          "save the tokenizer into the folder (tokenizer.save_pretrained)")  # fmt: skip
+    if chat_template and not getattr(tok, "chat_template", None):
+        raise ConfigError(f"{what}={model_id!r}: its tokenizer has no chat template, which this recipe formats "
+                          "prompts with", "use an instruction-tuned model's folder, or set tokenizer.chat_template "
+                          "and save it")  # fmt: skip
+
+
 def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Load a causal LM and its tokenizer.
 

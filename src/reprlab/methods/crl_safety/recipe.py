@@ -372,6 +372,11 @@ def preflight(cfg: Config) -> None:
         for what, mid in named:
             if mid and mid != "tiny-llama":
                 check_model_available(mid, what)
+    from reprlab.models.hf import check_model_files, model_config
+
+    if Path(cfg.model).expanduser().is_dir():  # a local folder: config, weights, tokenizer, chat template
+        model_config(cfg.model, "model")
+        check_model_files(cfg.model, "model", chat_template=True)
 
 
 def check_select(cfg: Config) -> None:

@@ -120,15 +120,18 @@ def _tokens_mode(tokens: str, from_config: bool) -> str:
 
 
 def check_tokenizer(hf_id: str, from_config: bool, tokens: str) -> None:
-    """Preflight: a model whose task tokens go through its tokenizer must have one that loads (a folder with a
-    config and weights but no tokenizer files fails here, before the run folder, not after training starts).
+    """Preflight of ``model.hf_id``: a pretrained model's folder holds weights, and a model whose task tokens
+    go through its tokenizer has one that loads and tokenizes (a folder with a config and weights but no
+    tokenizer files fails here, before the run folder, not after training starts).
 
     Raises:
-        ConfigError: naming ``model.hf_id`` and the loader's reason.
+        ConfigError: naming ``model.hf_id`` and what is missing.
     """
-    from reprlab.models.hf import _resolve
+    from reprlab.models.hf import _resolve, check_model_files
 
-    if _tokens_mode(tokens, from_config) == "tokenizer":
+    needs_tokenizer = _tokens_mode(tokens, from_config) == "tokenizer"
+    check_model_files(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
+    if needs_tokenizer:  # packaged and cached models, which check_model_files leaves to their loader
         path, kwargs = _resolve(hf_id)
         _load_tokenizer(path, kwargs, True, hf_id)
 

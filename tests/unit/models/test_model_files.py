@@ -1,0 +1,72 @@
+"""A local model folder is checked before any run folder exists: its weights, a tokenizer that loads and
+tokenizes, and (where the recipe formats chats) a chat template. Each case was a traceback after the run folder
+was made, or, for an encoder folder without tokenizer files, a run that exited 0 with every word read as
+[UNK] (transformers builds an empty vocabulary) and every statistic undefined."""
+
+import pytest
+
+from reprlab.errors import ConfigError
+from reprlab.models.hf import check_model_files
+from tests.cli_errors import assert_run_refused
+
+WORDS = "the quick brown fox jumps over lazy dog".split()
+
+
+def _tokenizer(folder, chat: bool):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="[EOS]")
+    if chat:
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok.save_pretrained(folder)
+
+
+def _bert(folder, weights=True):
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(
+        vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+    )
+    (BertModel(cfg).save_pretrained if weights else cfg.save_pretrained)(folder)
+    return str(folder)
+
+
+def _gpt2(folder):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=2)).save_pretrained(
+        folder
+    )
+    return str(folder)
+
+
+def test_folders_without_weights_or_a_working_tokenizer_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="holds no weights"):
+        check_model_files(_bert(tmp_path / "config-only", weights=False), "encoder.model")
+    check_model_files(
+        str(tmp_path / "config-only"), "m", weights=False, tokenizer=False
+    )  # built from its config
+    # no tokenizer files: BERT gets an empty WordPiece vocabulary (every word [UNK]), GPT-2 one that gives nothing
+    with pytest.raises(ConfigError, match=r"encoder.model=.*turns plain text into only the unknown token"):
+        check_model_files(_bert(tmp_path / "bert"), "encoder.model")
+    with pytest.raises(ConfigError, match=r"turns plain text into no token|no tokenizer could be loaded"):
+        check_model_files(_gpt2(tmp_path / "gpt2"), "model")
+    _tokenizer(tmp_path / "bert", chat=False)  # the same folder with a real (tiny) tokenizer passes
+    check_model_files(str(tmp_path / "bert"), "encoder.model")
+    with pytest.raises(ConfigError, match="no chat template"):
+        check_model_files(str(tmp_path / "bert"), "model", chat_template=True)
+    _tokenizer(tmp_path / "bert", chat=True)
+    check_model_files(str(tmp_path / "bert"), "model", chat_template=True)
+    check_model_files("smollm2-135m-instruct", "model", chat_template=True)  # packaged: left to its loader
+
+
+def test_recipes_refuse_such_folders_before_the_run_folder(tmp_path):
+    bert = _bert(tmp_path / "bert")
+    assert_run_refused(tmp_path / "n", "normic-tiny", [f"encoder.model={bert}"], "turns plain text into only")
+    only = _bert(tmp_path / "config-only", weights=False)
+    assert_run_refused(tmp_path / "c", "crl-tiny", [f"model={only}"], "holds no weights")
+    assert_run_refused(tmp_path / "t", "rote-thr-tiny", [f"model.hf_id={only}"], "holds no weights")
