@@ -248,3 +248,29 @@ def test_merged_export_of_the_packaged_gguf_smollm2(tmp_path):
     assert reloaded.apply_chat_template(
         msgs, add_generation_prompt=True, tokenize=False
     ) == tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+
+def test_a_relative_model_folder_is_found_from_another_directory(tmp_path, monkeypatch):
+    """A run given `model=models/m` (relative) is exported from another directory: the base is looked up where
+    the run started (env.json's cwd), and adapters record the folder as an absolute path (a relative one
+    resolved against the loader's directory, or was taken for a hub id: 'couldn't connect to huggingface.co')."""
+    import yaml
+
+    from reprlab.config import config_to_dict
+    from reprlab.methods.crl_safety.adapters import base_reference
+    from reprlab.methods.crl_safety.recipe import Config
+
+    from .test_recipe import TINY
+
+    started = tmp_path / "project"
+    (started / "models" / "m").mkdir(parents=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_config(Config, {**TINY, "model": "models/m"})
+    (run / "config.yaml").write_text("# recipe: crl-tiny\n" + yaml.safe_dump(config_to_dict(cfg)))
+    (run / "env.json").write_text(json.dumps({"cwd": str(started)}))
+    monkeypatch.chdir(tmp_path)  # not where the run started
+    assert X._run_config(run).model == str((started / "models" / "m").resolve())
+    monkeypatch.chdir(started)
+    assert base_reference("models/m") == str((started / "models" / "m").resolve())
+    assert base_reference("smollm2-135m-instruct") == "smollm2-135m-instruct"  # aliases and hub ids as given

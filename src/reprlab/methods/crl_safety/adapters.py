@@ -95,9 +95,18 @@ def stack(parts: list[LoraPart]) -> tuple[dict, dict[str, Tensor]]:
     return config, state
 
 
+def base_reference(base_id: str) -> str:
+    """What an adapter records as its base: a local folder as an absolute path (a relative one would resolve
+    against whatever directory loads the adapter), anything else (a hub id, a packaged alias) as given."""
+    path = Path(base_id).expanduser()
+    return str(path.resolve()) if path.is_dir() else base_id
+
+
 def lora_config(fields: dict, base_id: str):
     """peft ``LoraConfig`` of a stacked adapter (scaling 1: the scales are folded into B)."""
     from peft import LoraConfig
+
+    base_id = base_reference(base_id)
 
     return LoraConfig(task_type="CAUSAL_LM", bias="none", base_model_name_or_path=base_id, inference_mode=True,
                       **fields)  # fmt: skip
@@ -124,6 +133,8 @@ def write_adapter(
 
 def _readme(base_id: str, r: int, note: str) -> str:
     from reprlab.models.hf import PACKAGED_MODELS
+
+    base_id = base_reference(base_id)
 
     load = f'base = AutoModelForCausalLM.from_pretrained("{base_id}")'
     extra = ""

@@ -47,12 +47,24 @@ _TAG = {"refusal": "sft", "rr": "rr", "crl": "crl", "crl_adv": "crl_adv"}  # sta
 
 
 def _run_config(run_dir: Path):
+    """The run's config, its ``model`` made absolute where it is a folder given relative to the directory the
+    run was started in (``env.json``'s ``cwd``): an export from another directory loads the same base."""
+    import dataclasses
+
     import yaml
 
     from reprlab.config import load_config
     from reprlab.methods.crl_safety.recipe import Config
+    from reprlab.runs.atomic import read_json
 
-    return load_config(Config, yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
+    cfg = load_config(Config, yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")))
+    model = Path(cfg.model).expanduser()
+    env = run_dir / "env.json"
+    if not model.is_absolute() and not model.is_dir() and env.exists():
+        started_in = read_json(env).get("cwd")
+        if started_in and (Path(started_in) / model).is_dir():
+            cfg = dataclasses.replace(cfg, model=str((Path(started_in) / model).resolve()))
+    return cfg
 
 
 def _stage_lora(cfg, kind: str, n_layers: int):
