@@ -159,6 +159,9 @@ def test_fda_recipe_on_a_hf_model_from_its_config_resumes_and_exports(tmp_path, 
     else:
         GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, n_inner=64,
                    bos_token_id=0, eos_token_id=0).save_pretrained(folder)  # fmt: skip
+    from tests.unit.models.test_model_files import _tokenizer
+
+    _tokenizer(folder, chat=False)  # a tokenizer the model, built with the task's ids, must not be saved with
     opts = [f"model.hf_id={folder}", "model.from_config=true", "analysis.permuted_null=true",
             "analysis.edge_circuits=true", "analysis.head_ablation=true", "analysis.probe_layer_every=2"]  # fmt: skip
     out = execute("rote-fda-tiny", [*FDA_TINY, *opts], out=tmp_path / "run", quiet=True)
@@ -176,6 +179,8 @@ def test_fda_recipe_on_a_hf_model_from_its_config_resumes_and_exports(tmp_path, 
     assert probes["layers"] == ["embed", "block1"]  # probe_layer_every=2: the embedding and the last block
     # the exported model loads with transformers and gives the run's final clean test EM
     hf = AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    # the task vocabulary's ids (from_config): no tokenizer beside the model, which it would not fit
+    assert not list((out / "model").glob("tokenizer*"))
     ds = load_dataset(out / "data")
     test = tensorize(ds.splits["test"], Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"]))
     with torch.no_grad():

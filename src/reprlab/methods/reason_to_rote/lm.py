@@ -244,13 +244,14 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
 
 def save_lm(lm: LM, folder) -> dict:
     """Write the trained model where ``transformers`` loads it: ``save_pretrained`` weights and config, the
-    tokenizer when there is one, and ``task_tokens.json`` (the model id of each task token)."""
+    tokenizer when the model reads its ids (``model.tokens=tokenizer``; with the task vocabulary's ids the source
+    folder's tokenizer would not match the model), and ``task_tokens.json`` (the model id of each task token)."""
     import json
     from pathlib import Path
 
     folder = Path(folder)
     lm.model.hf_model.save_pretrained(folder)
-    if lm.tokenizer is not None:
+    if lm.tokenizer is not None and lm.info.get("tokens") == "tokenizer":
         lm.tokenizer.save_pretrained(folder)
     (folder / "task_tokens.json").write_text(json.dumps(lm.info["token_ids"], indent=1))
     return {"folder": folder.name, "files": sorted(p.name for p in folder.iterdir())}
