@@ -136,3 +136,8 @@ def test_another_methods_run_or_a_missing_defense_is_named(tmp_path):
     run = Run.create(tmp_path / "otc", cfg, "otcclip-mosaic-tiny", quiet=True)
     with pytest.raises(RunFolderError, match=r"has no checkpoint of defense 'otcclip'; it has none"):
         load_run_model(run.dir, "otcclip")
+    # the word tokenizer's vocabulary missing from artifacts/: named (it was a FileNotFoundError traceback)
+    from reprlab.methods.otcclip.models.run_model import run_tokenizer
+
+    with pytest.raises(RunFolderError, match=r"artifacts/tokenizer.json is missing"):
+        run_tokenizer(cfg, run.dir)

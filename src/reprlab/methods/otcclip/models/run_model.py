@@ -90,4 +90,6 @@ def run_tokenizer(cfg, run_dir: Path):
         return WordTokenizer.load(tok_path)
     if cfg.model.arch == "hf_clip" and cfg.model.tokenizer:
         return build_tokenizer(cfg.model)
-    raise FileNotFoundError(f"{tok_path} not found: is {run_dir} an otcclip run folder?")
+    raise RunFolderError(f"{tok_path} is missing: the run's word tokenizer (its vocabulary) is saved there, and "
+                         "without it the text tower's token ids cannot be rebuilt",
+                         hint="restore the file from a copy of the run folder, or re-run the recipe")  # fmt: skip
