@@ -70,3 +70,16 @@ def test_recipes_refuse_such_folders_before_the_run_folder(tmp_path):
     only = _bert(tmp_path / "config-only", weights=False)
     assert_run_refused(tmp_path / "c", "crl-tiny", [f"model={only}"], "holds no weights")
     assert_run_refused(tmp_path / "t", "rote-thr-tiny", [f"model.hf_id={only}"], "holds no weights")
+
+
+def test_crl_layer_specs_are_checked_against_a_folder_models_depth(tmp_path):
+    """crl-tiny's default `third:-2` selects no layer of a 2-layer model: refused at preflight, naming the key,
+    instead of a traceback once stage 0 had trained."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "llama2"
+    cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    _tokenizer(folder, chat=True)
+    assert_run_refused(tmp_path / "c", "crl-tiny", [f"model={folder}"], "does not fit a model with 2 layers")

@@ -375,8 +375,35 @@ def preflight(cfg: Config) -> None:
     from reprlab.models.hf import check_model_files, model_config
 
     if Path(cfg.model).expanduser().is_dir():  # a local folder: config, weights, tokenizer, chat template
-        model_config(cfg.model, "model")
+        conf = model_config(cfg.model, "model")
         check_model_files(cfg.model, "model", chat_template=True)
+        n = conf.get_text_config().num_hidden_layers if conf is not None else None
+        if isinstance(n, int):
+            check_layer_specs(cfg, n)
+
+
+def check_layer_specs(cfg: Config, n_layers: int) -> None:
+    """Every layer spec of the config against the model's depth, before stage 0 trains (a spec such as the
+    default ``third:-2`` selects nothing on a 2-layer model, which failed only when its defence began).
+
+    Raises:
+        ConfigError: naming the key, its spec and the depth.
+    """
+    from reprlab.methods.crl_safety.layers import parse_layers
+
+    d = cfg.defense
+    specs = [("mechanism_layers", cfg.mechanism_layers), ("defense.rr.layers", d.rr.layers),
+             ("defense.rr.retain_layers", d.rr.retain_layers), ("defense.crl.layers_harmful", d.crl.layers_harmful),
+             ("defense.crl.layers_benign", d.crl.layers_benign), ("defense.mining.blocks", d.mining.blocks),
+             ("defense.lora.blocks", d.lora.blocks), ("sft.lora.blocks", cfg.sft.lora.blocks)]  # fmt: skip
+    for key, spec in specs:
+        if spec == "auto":
+            continue
+        try:
+            parse_layers(spec, n_layers)
+        except ValueError as err:
+            raise ConfigError(f"{key}={spec!r} does not fit a model with {n_layers} layers ({err})",
+                              "give layers in 0..n_layers, e.g. '1:2', for a shallow model") from err  # fmt: skip
 
 
 def check_select(cfg: Config) -> None:
