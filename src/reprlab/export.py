@@ -43,6 +43,8 @@ def exporter_of(run_dir: Path) -> ModuleType:
     from reprlab.recipes import get_recipe, recipe_name_of_run
 
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunFolderError(f"{run_dir} does not exist", "pass a folder written by `reprlab run`")
     if not (run_dir / "config.yaml").exists():
         raise RunFolderError(f"{run_dir} is not a run folder (no config.yaml)",
                              "pass a folder written by `reprlab run`")  # fmt: skip

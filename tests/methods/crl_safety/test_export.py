@@ -160,6 +160,8 @@ def test_errors_name_the_valid_stages_and_the_missing_one(crl_run, tmp_path):
         export_run(out, "rr", {"adapter": tmp_path / "x"})
     with pytest.raises(RunFolderError, match="not a run folder"):
         export_run(tmp_path, "crl", {"adapter": tmp_path / "x"})
+    with pytest.raises(RunFolderError, match="does not exist"):
+        export_run(tmp_path / "nowhere", "crl", {"adapter": tmp_path / "x"})
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "f").write_text("x")
     with pytest.raises(RunFolderError, match="exists and is not empty"):
