@@ -84,7 +84,7 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
     sections.append(Section("Every metric over seeds", text=text, table=rows, collapsed=len(rows) > 40))
     sections += _recipe_sweep_sections(agg)
     if "wall_time_s" in detail:
-        sections.append(Section("Wall time", text=f"{_cell(detail['wall_time_s'])} s per seed."))
+        sections.append(Section("Wall time", text=_wall_time_text(detail["wall_time_s"])))
     return sections
 
 
@@ -100,3 +100,13 @@ def build_sweep_report(sweep_dir: Path | str) -> tuple[Path, Path]:
     sweep_dir = Path(sweep_dir)
     recipe = read_json(sweep_dir / "aggregate.json")["recipe"]
     return render(sweep_sections(sweep_dir), f"reprlab sweep: {recipe}", sweep_dir)
+
+
+def _wall_time_text(info: dict[str, Any]) -> str:
+    """Mean and range of the seeds' wall times: a t-interval of a positive quantity over two or three seeds
+    reaches below zero ("1 [-12, 15] s"), and a time is a measurement of the machine, not an estimate."""
+    times = [float(v) for v in info["per_seed"].values() if isinstance(v, int | float)]
+    if len(times) < 2:
+        return f"{info['mean']:.0f} s (1 seed)."
+    return (f"{info['mean']:.0f} s per seed on the mean, {min(times):.0f}–{max(times):.0f} s over {len(times)} seeds "
+            "(the process that wrote each summary; a resumed seed counts its resumed part only).")  # fmt: skip

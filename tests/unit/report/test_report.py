@@ -133,6 +133,15 @@ def test_a_coded_column_over_seeds_counts_its_labels_instead_of_averaging_codes(
     assert coded_counts(labels, {"0": 0.5}) is None  # a value outside the codes: not a coded key after all
 
 
+def test_a_sweeps_wall_time_is_its_mean_and_range_never_a_negative_interval():
+    from reprlab.report.sweep import _wall_time_text
+
+    two = {"mean": 1.5, "ci_lo": -12.0, "ci_hi": 15.0, "per_seed": {"0": 0.5, "1": 2.5}}
+    text = _wall_time_text(two)
+    assert "-12" not in text and "2 s per seed on the mean, 0–2 s over 2 seeds" in text
+    assert _wall_time_text({"mean": 48.8, "per_seed": {"0": 48.8}}) == "49 s (1 seed)."
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_cells_read_n_a(value):
     assert "| n/a |" in table_markdown([{"x": value}])
