@@ -211,6 +211,17 @@ def check_model_files(model_id: str, what: str = "model", weights: bool = True, 
                           "and save it")  # fmt: skip
 
 
+def preflight_model(model_id: str, what: str = "model", weights: bool = True, tokenizer: bool = True,
+                    chat_template: bool = False):  # fmt: skip
+    """A recipe's preflight of one model: available offline (:func:`check_model_available`), a config that
+    loads (:func:`model_config`, returned; None for GGUF) and, for a local folder, its files
+    (:func:`check_model_files`)."""
+    check_model_available(model_id, what)
+    config = model_config(model_id, what)
+    check_model_files(model_id, what, weights, tokenizer, chat_template)
+    return config
+
+
 def load_causal_lm(model_id: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """Load a causal LM and its tokenizer.
 

@@ -14,7 +14,7 @@ from reprlab.errors import ReprlabError, RunFolderError
 from reprlab.jsonfile import NULL_REASON
 from reprlab.report.figures import pyplot
 from reprlab.report.headline import headlines_of, run_headline
-from reprlab.report.render import render
+from reprlab.report.render import plural, render
 from reprlab.report.section import Section
 from reprlab.runs.atomic import read_json
 
@@ -116,22 +116,17 @@ def claims_text(rows: list[dict[str, Any]], sweep: bool = False) -> str:
     na = n - held - failed
     pre = sum(r["verdict"] == "n/a" and (r.get("reason") or "").startswith("precondition") for r in rows)
     sweep_only = sum(r["verdict"] == "n/a" and (r.get("reason") or "").startswith("sweep only") for r in rows)
-
-    def verb(k: int, one: str, many: str) -> str:
-        return one if k == 1 else many
-
     parts = []
     if pre:
         parts.append(f"{pre} because a precondition was not met")
     if sweep_only:
-        parts.append(f"{sweep_only} {verb(sweep_only, 'needs', 'need')} a seed sweep")
+        parts.append(f"{plural(sweep_only, 'needs', 'need')} a seed sweep")
     rest = na - pre - sweep_only
     if rest:
         parts.append(f"{rest} not measured on this run")
 
-    text = (f"Of {n} declared claim{verb(n, '', 's')}, **{held} {verb(held, 'holds', 'hold')}**, "
-            f"**{failed} {verb(failed, 'does', 'do')} not hold** and "
-            f"**{na} {verb(na, 'is', 'are')} not applicable**"
+    text = (f"Of {plural(n, 'declared claim')}, **{plural(held, 'holds', 'hold')}**, "
+            f"**{plural(failed, 'does', 'do')} not hold** and **{plural(na, 'is', 'are')} not applicable**"
             + (f" ({'; '.join(parts)})" if parts else "") + ". ")  # fmt: skip
     if sweep:
         return text + ("Verdicts are checked on the mean over seeds; 'holds on seeds' counts the seeds on which "

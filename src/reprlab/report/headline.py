@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprlab.jsonfile import NULL_REASON
-from reprlab.report.render import fmt, fmt_ci
+from reprlab.report.render import fmt, fmt_ci, plural
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def coded_counts(labels: Mapping[Any, str], per_seed: Mapping[str, Any]) -> str 
     for v in vals:
         counts[labels[v]] = counts.get(labels[v], 0) + 1
     parts = sorted(counts.items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{t} on {n}" for t, n in parts) + f" of {len(vals)} seed{'s' if len(vals) != 1 else ''}"
+    return ", ".join(f"{t} on {n}" for t, n in parts) + f" of {plural(len(vals), 'seed')}"
 
 
 def coded_keys(heads: Sequence[Headline], keys: Sequence[str]) -> dict[str, Mapping[Any, str]]:
@@ -141,11 +141,7 @@ def sweep_figure(heads: Sequence[Headline], detail: Mapping[str, Mapping[str, An
     for h in heads:
         if len(h.cols) > 1:
             for col_label, col in h.cols:
-                if col in h.labels and all(
-                    coded_counts(h.labels[col], detail[h.key(r, col)].get("per_seed", {})) is not None
-                    for _, r in h.rows
-                    if h.key(r, col) in detail
-                ):  # coded values have no mean to draw
+                if col in h.labels:  # a coded column (a verdict) has no mean to draw
                     continue
                 entries = [(label, detail[h.key(r, col)]) for label, r in h.rows if h.key(r, col) in detail]
                 if entries:

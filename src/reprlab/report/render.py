@@ -68,6 +68,11 @@ VERDICT_CLASS = {"holds": "holds", "does not hold": "fails", "n/a": "na"}
 TALL_ROWS = 25  # tables longer than this scroll vertically inside their box too
 
 
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``"1 seed"``, ``"2 seeds"``: ``n`` and the word that agrees with it (``many`` defaults to ``one + "s"``)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def fmt(value: Any) -> str:
     """A table cell as text: 4 significant digits, scientific notation for very small or large numbers."""
     if isinstance(value, bool):

@@ -11,7 +11,7 @@ from typing import Any
 
 from reprlab.report.build import claims_section
 from reprlab.report.headline import coded_counts, coded_keys, headlines_of, sweep_figure, sweep_headline
-from reprlab.report.render import fmt, fmt_ci, render
+from reprlab.report.render import fmt, fmt_ci, plural, render
 from reprlab.report.section import Section
 from reprlab.results.intervals import METHOD_TEXT
 from reprlab.runs.atomic import read_json
@@ -49,7 +49,7 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
     module = _module(agg["recipe"])
     means = {k: info["mean"] for k, info in detail.items()}
     heads = headlines_of(module, means) if module is not None else []
-    tables = [(f"{h.caption or 'Headline results'}: mean [95% interval] over {len(seeds)} seed{'s' if len(seeds) != 1 else ''}",
+    tables = [(f"{h.caption or 'Headline results'}: mean [95% interval] over {plural(len(seeds), 'seed')}",
                sweep_headline(h, detail)) for h in heads]  # fmt: skip
     tables = [(c, rows) for c, rows in tables if rows]
     sections = []
@@ -75,7 +75,7 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
             }
         row.update({f"seed {s}": info["per_seed"].get(s, "–") for s in seeds})
         rows.append(row)
-    text = (f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "
+    text = (f"{plural(len(seeds), 'seed')} ({', '.join(seeds)}) of recipe `{agg['recipe']}`. {_methods_text(detail)} "
             "Run folders: " + ", ".join(f"`{p}`" for p in agg["runs"]) + ".")  # fmt: skip
     if agg.get("failed"):
         text += " **Failed seeds (not aggregated):** " + "; ".join(

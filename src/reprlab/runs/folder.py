@@ -83,18 +83,16 @@ def check_out_folder(run_dir: Path, resume: bool, overwrite: bool) -> FolderStat
             )
     elif state is FolderState.RUN and not overwrite:
         what = "a finished run" if is_finished(run_dir) else "an unfinished run"
+        hint = "pass --resume to continue it, --overwrite to replace it, or choose another --out"
         aside = [p for p in leftovers_of_overwrite(run_dir) if ASIDE_TAG in p.name]
-        # a killed --overwrite leaves the new, unfinished run in place and the old results set aside: say where
-        kept = f"; the results it replaced are kept in {aside[-1]}" if aside else ""
-        raise RunFolderError(
-            f"{run_dir} already holds {what}{kept}",
-            hint="pass --resume to continue it, --overwrite to replace it, or choose another --out"
-            + (
+        if (
+            aside
+        ):  # a killed --overwrite leaves the new, unfinished run in place and the old results set aside
+            what += f"; the results it replaced are kept in {aside[-1]}"
+            hint += (
                 f"; to go back to the old results, remove {run_dir.name} and rename {aside[-1].name} to it"
-                if aside
-                else ""
-            ),
-        )
+            )
+        raise RunFolderError(f"{run_dir} already holds {what}", hint=hint)
     elif state in (FolderState.FOREIGN, FolderState.SWEEP):
         kind = (
             "a seed sweep" if state is FolderState.SWEEP else "a non-empty folder that is not a reprlab run"

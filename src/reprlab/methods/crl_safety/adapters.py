@@ -106,8 +106,6 @@ def lora_config(fields: dict, base_id: str):
     """peft ``LoraConfig`` of a stacked adapter (scaling 1: the scales are folded into B)."""
     from peft import LoraConfig
 
-    base_id = base_reference(base_id)
-
     return LoraConfig(task_type="CAUSAL_LM", bias="none", base_model_name_or_path=base_id, inference_mode=True,
                       **fields)  # fmt: skip
 
@@ -120,6 +118,7 @@ def write_adapter(
     from safetensors.torch import save_file
 
     fields, state = stack(parts)
+    base_id = base_reference(base_id)
     tmp = temp_sibling_dir(out)
     try:
         lora_config(fields, base_id).save_pretrained(str(tmp))
@@ -133,8 +132,6 @@ def write_adapter(
 
 def _readme(base_id: str, r: int, note: str) -> str:
     from reprlab.models.hf import PACKAGED_MODELS
-
-    base_id = base_reference(base_id)
 
     load = f'base = AutoModelForCausalLM.from_pretrained("{base_id}")'
     extra = ""

@@ -132,34 +132,32 @@ def load_stage(run_dir: Path, stage: str, device: str = "cpu"):
         if kind == "refusal" and cfg.sft.optim.steps == 0:  # nothing trained, no checkpoint: B stays zero
             parts.append(lora_part(peft, kind))
         else:
-            _load_stage_weights(run_dir, peft, kind)
-            _apply_selection(run_dir, peft, kind)
+            if not _load_selected_step(run_dir, peft, kind):
+                _load_stage_weights(run_dir, peft, kind)
             parts.append(lora_part(peft, kind))
         base = peft.unload()
     return base, tok, parts, cfg
 
 
-def _apply_selection(run_dir: Path, peft, kind: str) -> None:
-    """Where ``defense.select`` chose a step of defence ``kind``, load that step's snapshot over the last
-    checkpoint: the chosen step is what the run evaluated and wrote to ``adapters/<kind>/``, so it is what an
-    export must give (the newest checkpoint is the last training step)."""
+def _load_selected_step(run_dir: Path, peft, kind: str) -> bool:
+    """Where ``defense.select`` chose a step of defence ``kind``, load that step's snapshot (the run's
+    ``Snapshots``) and return True: the chosen step is what the run evaluated and wrote to ``adapters/<kind>/``,
+    so it is what an export must give, not the last checkpoint. False where the run selected nothing."""
     from reprlab.errors import RunFolderError
     from reprlab.jsonfile import read_stage
-    from reprlab.methods.crl_safety.select import load_adapter_tensors
+    from reprlab.methods.crl_safety.select import Snapshots, load_adapter_tensors
 
     record = run_dir / "stages" / f"select_{kind}.json"
     if not record.exists():
-        return
+        return False
     sel = read_stage(record)
-    snapshot = run_dir / sel["snapshot"]
-    if not snapshot.exists():
-        raise RunFolderError(f"{run_dir}: defense.select chose step {sel['chosen_step']} of {kind!r}, but its "
-                             f"snapshot {snapshot} is missing (run folder damaged?)")  # fmt: skip
-    from safetensors.torch import load_file
-
-    load_adapter_tensors(peft, load_file(str(snapshot)))
-    log.info("%s: exporting step %d, the step defense.select chose (of %d)", kind, sel["chosen_step"],
-             sel["last_step"])  # fmt: skip
+    snaps, step = Snapshots(run_dir, kind, write=False), sel["chosen_step"]
+    if not snaps.has(step):
+        raise RunFolderError(f"{run_dir}: defense.select chose step {step} of {kind!r}, but its snapshot under "
+                             f"{snaps.dir} is missing (run folder damaged?)")  # fmt: skip
+    load_adapter_tensors(peft, snaps.tensors(step))
+    log.info("%s: exporting step %d, the step defense.select chose (of %d)", kind, step, sel["last_step"])
+    return True
 
 
 def export(run_dir: Path, stage: str, outputs: dict[str, Path]) -> dict[str, Path]:

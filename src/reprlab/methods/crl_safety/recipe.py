@@ -372,11 +372,10 @@ def preflight(cfg: Config) -> None:
         for what, mid in named:
             if mid and mid != "tiny-llama":
                 check_model_available(mid, what)
-    from reprlab.models.hf import check_model_files, model_config
-
     if Path(cfg.model).expanduser().is_dir():  # a local folder: config, weights, tokenizer, chat template
-        conf = model_config(cfg.model, "model")
-        check_model_files(cfg.model, "model", chat_template=True)
+        from reprlab.models.hf import preflight_model
+
+        conf = preflight_model(cfg.model, "model", chat_template=True)
         n = conf.get_text_config().num_hidden_layers if conf is not None else None
         if isinstance(n, int):
             check_layer_specs(cfg, n)

@@ -295,7 +295,7 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
 def preflight(cfg: Config) -> None:
     """Checks that need no work, run before the run folder exists: compositions, models reachable offline."""
     from reprlab.errors import ConfigError
-    from reprlab.models.hf import check_model_available, check_model_files, model_config
+    from reprlab.models.hf import preflight_model
 
     bad = [c for c in (*cfg.analysis.compositions, *cfg.length.compositions) if c not in ALL_COMPOSITIONS]
     if bad:
@@ -317,10 +317,7 @@ def preflight(cfg: Config) -> None:
     if cfg.allow_download:
         return
     for key, mc in models:
-        check_model_available(mc.model, f"{key}.model")
-        conf = model_config(mc.model, f"{key}.model")
-        # weights, and a tokenizer that is not an empty vocabulary
-        check_model_files(mc.model, f"{key}.model")
+        conf = preflight_model(mc.model, f"{key}.model")
         # a GGUF file's depth is checked once it is loaded (model_stage): its metadata takes seconds to parse
         if conf is not None:
             check_layers(mc.layers, config_layers(conf), f"{key}.layers")

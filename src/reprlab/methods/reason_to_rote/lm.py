@@ -119,21 +119,18 @@ def _tokens_mode(tokens: str, from_config: bool) -> str:
     return ("task" if from_config else "tokenizer") if tokens == "auto" else tokens
 
 
-def check_tokenizer(hf_id: str, from_config: bool, tokens: str) -> None:
-    """Preflight of ``model.hf_id``: a pretrained model's folder holds weights, and a model whose task tokens
-    go through its tokenizer has one that loads and tokenizes (a folder with a config and weights but no
-    tokenizer files fails here, before the run folder, not after training starts).
+def check_hf_model(hf_id: str, from_config: bool, tokens: str) -> None:
+    """Preflight of ``model.hf_id`` (FDA and THR alike): available offline, a config that loads, and a folder
+    with weights (unless built from its config) and a working tokenizer where the task tokens go through it
+    (a folder with a config and weights but no tokenizer files fails here, not after training starts).
 
     Raises:
-        ConfigError: naming ``model.hf_id`` and what is missing.
+        ModelNotAvailableError, ConfigError: naming ``model.hf_id`` and what is missing.
     """
-    from reprlab.models.hf import _resolve, check_model_files
+    from reprlab.models.hf import preflight_model
 
     needs_tokenizer = _tokens_mode(tokens, from_config) == "tokenizer"
-    check_model_files(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
-    if needs_tokenizer:  # packaged and cached models, which check_model_files leaves to their loader
-        path, kwargs = _resolve(hf_id)
-        _load_tokenizer(path, kwargs, True, hf_id)
+    preflight_model(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
 
 
 def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list[int], list[str]]:

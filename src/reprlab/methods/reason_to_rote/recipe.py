@@ -39,7 +39,7 @@ from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
-from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, check_tokenizer, save_lm
+from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, check_hf_model, save_lm
 from reprlab.methods.reason_to_rote.train import TrainConfig, run_dist, train
 from reprlab.models.gpt import GPT, GPTConfig
 from reprlab.report.headline import Headline
@@ -170,12 +170,7 @@ def preflight(cfg: Config) -> None:
     """Fail before the run folder exists when the config cannot give noisy items to analyse, names a HF
     model that is not available offline, or a neuron layer our GPT does not have."""
     if cfg.model.hf_id:
-        from reprlab.models.hf import check_model_available, model_config
-
-        check_model_available(cfg.model.hf_id, "model.hf_id")
-        # a config.json transformers cannot read stops here, before the run folder, not at load time
-        model_config(cfg.model.hf_id, "model.hf_id")
-        check_tokenizer(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
+        check_hf_model(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
     else:  # a HF model's depth is known only once it is loaded: run() checks it there, before training
         _neuron_layer(cfg.analysis.neuron_layer, cfg.model.n_layers, "model.n_layers")
     if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:

@@ -76,12 +76,9 @@ def preflight(cfg: Config) -> None:
     """Fail before the run folder exists when ``model.hf_id`` is not available offline, or its folder has a
     config transformers cannot read, no weights, or no tokenizer where the task tokens need one."""
     if cfg.model.hf_id:
-        from reprlab.methods.reason_to_rote.lm import check_tokenizer
-        from reprlab.models.hf import check_model_available, model_config
+        from reprlab.methods.reason_to_rote.lm import check_hf_model
 
-        check_model_available(cfg.model.hf_id, "model.hf_id")
-        model_config(cfg.model.hf_id, "model.hf_id")
-        check_tokenizer(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
+        check_hf_model(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
 
 
 def run(cfg: Config, run) -> dict:
