@@ -86,14 +86,26 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _debug():
                 raise
             typer.echo(f"error: {err}", err=True)
-            if getattr(err, "hint", None):
+            restored = getattr(err, "reprlab_restored", None)
+            if restored is not None:  # the hint would act on the new run, which is gone
+                typer.echo(
+                    f"the --overwrite was undone: {restored} holds its earlier results again", err=True
+                )
+            elif getattr(err, "hint", None):
                 typer.echo(f"hint: {err.hint}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             if _debug():
                 raise
             what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
-            typer.echo(f"{what}; `reprlab run ... --resume` continues from the last checkpoint", err=True)
+            restored = getattr(err, "reprlab_restored", None)
+            if (
+                restored is not None
+            ):  # an --overwrite undone: resuming would continue the old run, not the new
+                typer.echo(f"{what}; the --overwrite was undone: {restored} holds its earlier results again",
+                           err=True)  # fmt: skip
+            else:
+                typer.echo(f"{what}; `reprlab run ... --resume` continues from the last checkpoint", err=True)
             raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
 
     return wrapper

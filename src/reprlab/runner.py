@@ -80,13 +80,14 @@ def _execute(
     with _run_threads(getattr(cfg, "threads", 0)):  # set before env.json records the count: the run's own
         run = Run.create(out, cfg, recipe.name, resume=resume, overwrite=overwrite, quiet=quiet,
                          argv=["reprlab", "run", recipe_name, *all_overrides], resume_from=resume_from)  # fmt: skip
-        ok = False
         try:
             with run_log(run.dir, resumed=resume, enabled=run.is_main):
                 _run_body(run, module, cfg, claims, trackers, demo)
-            ok = True
-        finally:
-            run.close(success=ok)
+        except BaseException as err:
+            if run.close(success=False):
+                err.reprlab_restored = run.dir  # the CLI says the old results are back, not "--resume"
+            raise
+        run.close(success=True)
     return run.dir
 
 

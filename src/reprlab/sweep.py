@@ -24,6 +24,7 @@ from reprlab.results.aggregate import (
     aggregate_summaries,
     check_same_setting,
     read_seed_run,
+    stored_run_path,
 )
 from reprlab.results.claims import Claim, claim_summary_keys, claims_table, evaluate_claims
 from reprlab.runs import faults
@@ -142,7 +143,6 @@ def run_sweep(
         raise RunFolderError(f"--resume: {out} does not exist" if state is FolderState.MISSING
                              else f"--resume: {out} is empty", hint="drop --resume to start the sweep")  # fmt: skip
 
-    ok = False
     try:
         out.mkdir(parents=True, exist_ok=True)
         with RunLock.acquire(out):
@@ -160,10 +160,13 @@ def run_sweep(
             raise ReprlabError(f"{len(failures)} of {len(seeds)} seeds failed ({detail})",
                                hint=f"fix the cause, then `reprlab run {recipe.name} --seeds ... --out {out} "
                                     "--resume` re-runs only those seeds")  # fmt: skip
-        ok = True
-    finally:
+    except BaseException as err:
         if replacement is not None:
-            replacement.commit() if ok else replacement.rollback()
+            replacement.rollback()
+            err.reprlab_restored = out  # the CLI says the old sweep is back, not "--resume"
+        raise
+    if replacement is not None:
+        replacement.commit()
     return out
 
 
@@ -272,7 +275,7 @@ def _write_aggregate(out: Path, runs: Sequence[SeedRun], claims: Sequence[Claim]
     atomic_write_json(out / "summary.json", flat)
     atomic_write_json(out / "aggregate.json", {
         "recipe": runs[0].recipe, "interval": INTERVAL, "seeds": [r.seed for r in runs],
-        "runs": [str(r.path) for r in runs], "failed": {str(k): v for k, v in (failed or {}).items()},
+        "runs": [stored_run_path(out, r.path) for r in runs], "failed": {str(k): v for k, v in (failed or {}).items()},
         "keys": detail,
     })  # fmt: skip
     atomic_write_json(out / "claims.json", {"claims": claims_table(on_mean, seed_share=seed_share)})

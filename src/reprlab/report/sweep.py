@@ -13,6 +13,7 @@ from reprlab.report.build import claims_section
 from reprlab.report.headline import coded_counts, coded_keys, headlines_of, sweep_figure, sweep_headline
 from reprlab.report.render import fmt, fmt_ci, plural, render
 from reprlab.report.section import Section
+from reprlab.results.aggregate import aggregated_runs
 from reprlab.results.intervals import METHOD_TEXT
 from reprlab.runs.atomic import read_json
 
@@ -82,17 +83,17 @@ def sweep_sections(sweep_dir: Path) -> list[Section]:
             f"{s}: {e}" for s, e in agg["failed"].items()
         )
     sections.append(Section("Every metric over seeds", text=text, table=rows, collapsed=len(rows) > 40))
-    sections += _recipe_sweep_sections(agg)
+    sections += _recipe_sweep_sections(aggregated_runs(Path(sweep_dir), agg), agg["recipe"])
     if "wall_time_s" in detail:
         sections.append(Section("Wall time", text=_wall_time_text(detail["wall_time_s"])))
     return sections
 
 
-def _recipe_sweep_sections(agg: dict) -> list[Section]:
+def _recipe_sweep_sections(run_dirs: list[Path], recipe: str) -> list[Section]:
     """Sections the recipe draws over all seeds (its entry module's ``sweep_sections(run_dirs)``), if any."""
-    module = _module(agg["recipe"])
+    module = _module(recipe)
     fn = getattr(module, "sweep_sections", None) if module is not None else None
-    runs = [Path(p) for p in agg["runs"] if Path(p).is_dir()]
+    runs = [p for p in run_dirs if p.is_dir()]
     return list(fn(runs)) if fn is not None and runs else []
 
 

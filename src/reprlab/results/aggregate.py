@@ -9,6 +9,7 @@ With one seed there is no interval (``ci_lo``/``ci_hi`` are ``null``).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,22 @@ def read_seed_run(path: Path) -> SeedRun:
         raise RunFolderError(f"{path}: cannot read its config or summary: {err}") from err
     seed = config.get("seed")
     return SeedRun(path, recipe, seed if isinstance(seed, int) else None, config, summary)
+
+
+def stored_run_path(out: Path, run: Path) -> str:
+    """How ``aggregate.json`` names a run: relative to the aggregate's folder, so that moving or copying the two
+    together, or reading them from another directory, keeps the link [ours]."""
+    return os.path.relpath(Path(run).resolve(), Path(out).resolve())
+
+
+def aggregated_runs(out: Path, agg: Mapping[str, Any]) -> list[Path]:
+    """The run folders an ``aggregate.json`` in ``out`` names. Older files named them relative to the directory
+    the aggregate ran in; such a name is taken as it is when it does not resolve from ``out``."""
+    found = []
+    for name in agg.get("runs", []):
+        beside = Path(out) / name
+        found.append(beside if beside.is_dir() or not Path(name).is_dir() else Path(name))
+    return found
 
 
 def expand_run_folders(paths: Sequence[Path]) -> list[Path]:

@@ -123,6 +123,7 @@ def environment_record(cfg: Any, recipe: str, device: torch.device, argv: list[s
     rec = {
         "recipe": recipe, "seed": getattr(cfg, "seed", None), "device": str(device), "git_commit": git_sha(),
         "versions": versions(), "platform": platform.platform(), "command": argv if argv is not None else sys.argv,
+        "invocation": list(sys.argv),  # as typed: "command" is the recipe and every override it resolved to
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cuda": torch.cuda.is_available(), "cwd": os.getcwd(),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")), **cpu_record(),
     }  # fmt: skip

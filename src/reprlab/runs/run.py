@@ -208,8 +208,9 @@ class Run:
                 env["first_start"] = previous_env.get("first_start", previous_env)
                 env["first_start"].pop("first_start", None)
             atomic_write_json(run.dir / "env.json", env)
-        except BaseException:
-            run.close(success=False)
+        except BaseException as err:
+            if run.close(success=False):
+                err.reprlab_restored = run_dir  # the CLI says the old results are back, not "--resume"
             raise
         return run
 
@@ -223,18 +224,24 @@ class Run:
             resume_step = json.loads(lines[-1]).get("step", 0) + 1 if lines else 0
         self._trackers = open_trackers(names, self.dir, self.dir.name, config_to_dict(self.cfg), resume_step)
 
-    def close(self, success: bool) -> None:
-        """Release the folder: drop the lock; after an ``--overwrite``, delete or restore the old results."""
+    def close(self, success: bool) -> bool:
+        """Release the folder: drop the lock; after an ``--overwrite``, delete or restore the old results.
+
+        Returns whether an ``--overwrite``'s old results were put back (a run that did not succeed).
+        """
+        restored = False
         for tracker in (self._trackers,):
             if tracker is not None:
                 tracker.close()
         self._trackers = None
         if self._replacement is not None:  # it holds the folder's lock and releases it
             self._replacement.commit() if success else self._replacement.rollback()
+            restored = not success
             self._replacement, self._lock = None, None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        return restored
 
     # ------------------------------------------------------------------ metrics and artefacts
     def _metric_lines(self) -> int:

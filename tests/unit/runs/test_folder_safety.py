@@ -118,6 +118,9 @@ def test_sigterm_is_handled_as_ctrl_c_so_an_overwrite_puts_the_old_results_back(
         proc.kill()
     assert proc.returncode == 143, err
     assert "terminated (SIGTERM)" in err and "Traceback" not in err, err
+    # the old run is back, so "--resume" would continue it rather than the interrupted one: not offered
+    assert f"the --overwrite was undone: {full_run} holds its earlier results again" in err, err
+    assert "--resume" not in err, err
     assert (full_run / "summary.json").read_bytes() == before
     assert RunLock.holder(full_run) is None
 
@@ -314,6 +317,9 @@ def test_env_records_cpu_and_threads(tmp_path):
     ):
         assert key in env, key
     assert env["torch_threads"] >= 1
+    # the resolved command re-runs the recipe; the invocation is what was typed (here pytest's)
+    assert env["command"] == ["reprlab", "run", "smoke-digits", "train.epochs=1"]
+    assert env["invocation"] == sys.argv
 
 
 def test_same_seed_same_summary(tmp_path):

@@ -122,12 +122,24 @@ def write_adapter(
     tmp = temp_sibling_dir(out)
     try:
         lora_config(fields, base_id).save_pretrained(str(tmp))
+        _sort_target_modules(tmp / "adapter_config.json")
         save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         (tmp / "README.md").write_text(_readme(base_id, fields["r"], note), encoding="utf-8")
         return publish_dir(tmp, out, replace)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _sort_target_modules(path: Path) -> None:
+    """peft keeps ``target_modules`` as a set and writes it in hash order, which changes from process to process
+    (string hashing is salted): sorted, one adapter's config is the same file whoever writes it."""
+    import json
+
+    conf = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(conf.get("target_modules"), list):
+        conf["target_modules"] = sorted(conf["target_modules"])
+        path.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _readme(base_id: str, r: int, note: str) -> str:

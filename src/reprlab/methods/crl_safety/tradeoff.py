@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reprlab.errors import DataError
+from reprlab.results.aggregate import aggregated_runs
 from reprlab.results.intervals import interval
 from reprlab.runs.atomic import read_json
 
@@ -88,7 +89,7 @@ def points_from_folder(folder: Path | str, setting: str = "") -> list[Point]:
     folder of seed runs (``*/summary.json``)."""
     folder = Path(folder)
     if (folder / "aggregate.json").exists():
-        runs = [Path(p) for p in read_json(folder / "aggregate.json")["runs"]]
+        runs = aggregated_runs(folder, read_json(folder / "aggregate.json"))
         missing = [str(p) for p in runs if not (p / "summary.json").exists()]
         if missing:
             raise DataError(f"trade-off: {folder}/aggregate.json names runs without summary.json: {missing}")
