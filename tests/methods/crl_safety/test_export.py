@@ -110,7 +110,9 @@ def test_export_adapter_rebuilds_the_runs_adapter_from_checkpoints(crl_run, tmp_
     # one config file whoever writes it: peft would list target_modules in the process's salted hash order
     conf = json.loads((got / "adapter_config.json").read_text())
     assert len(conf["target_modules"]) > 2 and conf["target_modules"] == sorted(conf["target_modules"])
-    assert (got / "adapter_config.json").read_bytes() == (out / "adapters/crl/adapter_config.json").read_bytes()
+    assert (got / "adapter_config.json").read_bytes() == (
+        out / "adapters/crl/adapter_config.json"
+    ).read_bytes()
     umask = os.umask(0)
     os.umask(umask)
     assert got.stat().st_mode & 0o777 == 0o777 & ~umask  # the user's umask, not mkdtemp's private 0700
