@@ -154,3 +154,54 @@ def test_docs_commands_name_existing_commands_and_recipes(path: Path):
             elif args[0] in ("run", "config") and len(args) > 1 and args[1] not in recipes:
                 bad.append(f"reprlab {args[0]} {args[1]} (no such recipe)")
     assert not bad, bad
+
+
+_INLINE_RUN = re.compile(r"`((?:reprlab|torchrun) [^`]*reprlab[^`]*|reprlab (?:run|config) [^`]+)`")
+
+
+def _override_keys(args: list[str]) -> list[str]:
+    """The dotted keys of a run/config line's ``key=value`` overrides (``--launcher-opt`` values are submitit's;
+    a ``[key=value]`` is an optional override written in brackets)."""
+    keys, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--launcher-opt", "--out", "-o", "--seeds", "--track", "--resume-from"):
+            skip = True
+        elif "=" in a and not a.startswith("-"):
+            keys.append(a.strip("\"'[").split("=", 1)[0])
+    return keys
+
+
+def _has_key(tree: dict, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+@pytest.mark.parametrize("path", _markdown_files()[1:], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_override_keys_exist(path: Path):
+    """The override keys of every ``reprlab run``/``config`` line in docs, in code blocks and inline, are keys of
+    the recipe's config: a renamed option fails here instead of in a reader's terminal. Values are not checked
+    (the docs write placeholders: seed=S, DIR)."""
+    from reprlab.config import config_to_dict
+
+    text = path.read_text(encoding="utf-8")
+    lines = [x for b in _code_blocks(text) for x in b.replace("\\\n", " ").splitlines()]
+    lines += [m.group(1) for m in _INLINE_RUN.finditer(text.replace("\n", " "))]
+    recipes, trees, bad = all_recipes(), {}, []
+    for line in lines:
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        try:
+            argv = shlex.split(line)
+        except ValueError:  # an apostrophe in prose after the command
+            argv = line.split()
+        args = _reprlab_argv(argv) if argv else None
+        if not args or args[0] not in ("run", "config") or len(args) < 2 or args[1] not in recipes:
+            continue
+        if args[1] not in trees:
+            trees[args[1]] = config_to_dict(get_recipe(args[1]).build_config([]))
+        bad += [f"{args[1]}: {k}" for k in _override_keys(args[2:]) if not _has_key(trees[args[1]], k)]
+    assert not bad, bad
