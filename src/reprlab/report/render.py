@@ -119,16 +119,21 @@ def _numeric(rows: Sequence[dict[str, Any]], col: str) -> bool:
     return bool(vals) and all(_is_number(v) or (isinstance(v, str) and _NUMBER_TEXT.match(v)) for v in vals)
 
 
+def _md_cell(text: str) -> str:
+    """A markdown table cell: a pipe or a line break (generated text has both) would end the cell or the row."""
+    return re.sub(r"\r?\n", "<br>", text).replace("|", "\\|")
+
+
 def table_markdown(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return "_(empty)_\n"
     cols = _columns(rows)
 
     def cell(v: Any) -> str:
-        return (fmt(v) if not isinstance(v, list | tuple) else "<br>".join(map(fmt, v))).replace("|", "\\|")
+        return _md_cell(fmt(v) if not isinstance(v, list | tuple) else "<br>".join(map(fmt, v)))
 
     lines = [
-        "| " + " | ".join(cols) + " |",
+        "| " + " | ".join(map(_md_cell, cols)) + " |",
         "|" + "".join("---:|" if _numeric(rows, c) else "---|" for c in cols),
     ]
     lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]

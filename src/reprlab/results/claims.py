@@ -13,7 +13,9 @@ A recipe declares claims in its YAML (or its entry module's ``CLAIMS`` list)::
 ``check`` is a small expression: ``{summary key}`` references, numbers, ``+ - * /``, comparisons,
 ``and/or/not``, and the functions ``min``, ``max``, ``abs``. It is parsed with :mod:`ast` against a whitelist,
 never ``eval``-ed, so a recipe file cannot run code. A claim whose keys are missing (or not numbers) is
-``n/a`` rather than false: "not measured" and "does not hold" are different findings.
+``n/a`` rather than false: "not measured" and "does not hold" are different findings. The exception is a claim
+the measured keys decide alone (``a and b`` with ``a`` false, ``a or b`` with ``a`` true): it gets that verdict,
+with the missing keys named in its evidence.
 
 ``requires`` (optional, the same grammar) is the claim's precondition: when it is false the claim is
 ``n/a`` with that reason, not "does not hold". A claim about how a model memorised noisy labels says
@@ -146,7 +148,8 @@ class Claim:
         values, missing = self._check.missing(summary)
         if missing:
             why = _not_measured(missing, summary)
-            return ClaimResult(self, None, values, why, reason=why)
+            decided = None if why.startswith("sweep only") else self._decided_without(values, missing, why)
+            return decided or ClaimResult(self, None, values, why, reason=why)
         env = self._check.env(values)
         try:
             holds = bool(_eval(self._check.tree.body, env))
@@ -157,6 +160,52 @@ class Claim:
             evidence = evidence.replace("{" + key + "}", f"{key}={_fmt(values[key])}")
         lines = tuple(_explain(self._check.tree.body, env, self._check.keys))
         return ClaimResult(self, holds, values, evidence, lines=lines)
+
+    def _decided_without(
+        self, values: dict[str, float], missing: Sequence[str], why: str
+    ) -> ClaimResult | None:
+        """The verdict when the keys that were measured decide it whatever the missing ones are (``a and b`` with
+        ``a`` false: memorisation that never reached 0.9 fails the claim, though the step it reached 0.5 at does
+        not exist); ``None`` when they do not (three-valued logic)."""
+        env = {f"__k{i}": values[k] for i, k in enumerate(self._check.keys) if k in values}
+        verdict = _eval3(self._check.tree.body, env)
+        if verdict is None:
+            return None
+        body = self._check.tree.body
+        parts = body.values if isinstance(body, ast.BoolOp) else [body]
+        lines = [x for v in parts if _eval3(v, env) is verdict for x in _explain3(v, env, self._check.keys)]
+        lines.append(f"decided without the keys it could not read ({why})")
+        return ClaimResult(self, verdict, values, "; ".join(lines), lines=tuple(lines))
+
+
+def _eval3(node: ast.AST, env: dict[str, float]) -> Any:
+    """:func:`_eval` where a key absent from ``env`` is unknown (``None``): ``and`` is false once one part is
+    false, ``or`` true once one part is true; anything else that reads an unknown is unknown."""
+    if isinstance(node, ast.BoolOp):
+        vals = [_eval3(v, env) for v in node.values]
+        decisive = isinstance(node.op, ast.Or)  # the value that decides: True for or, False for and
+        if any(v is not None and bool(v) is decisive for v in vals):
+            return decisive
+        return None if any(v is None for v in vals) else not decisive
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = _eval3(node.operand, env)
+        return None if v is None else not v
+    names = [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+    if any(n not in env for n in names):
+        return None
+    return _eval(node, env)
+
+
+def _explain3(node: ast.AST, env: dict[str, float], keys: Sequence[str]) -> list[str]:
+    """:func:`_explain` of the parts of ``node`` whose keys were all read."""
+    try:
+        return _explain(node, env, keys)
+    except KeyError:
+        if isinstance(node, ast.BoolOp):
+            return [x for v in node.values if _eval3(v, env) is not None for x in _explain3(v, env, keys)]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return ["not:", *("  " + x for x in _explain3(node.operand, env, keys))]
+        return []
 
 
 def _not_measured(missing: Sequence[str], summary: Mapping[str, Any]) -> str:

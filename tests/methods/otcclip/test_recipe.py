@@ -10,6 +10,7 @@ import yaml
 from reprlab.config import load_config
 from reprlab.methods.otcclip import recipe
 from reprlab.methods.otcclip.config import DEFAULT_DEFENSES
+from reprlab.report.render import fmt
 from reprlab.runs import Run
 
 YAML = Path(recipe.__file__).parent / "recipes" / "otcclip-mosaic-tiny.yaml"
@@ -229,6 +230,23 @@ def test_report_names_the_testbed_the_run_trained_on(micro_runs, tmp_path):
     # a run on the user's own data (streamed shards: testbed "none") is not called a testbed of ours
     data_json.write_text(json.dumps({**json.loads(data_json.read_text()), "testbed": "none"}))
     assert recipe.report_sections(run_dir)[0].title == "OTCCLIP vs baselines on your data"
+
+
+def test_the_audit_reports_its_base_rate(micro_runs):
+    """The audit's precision means something only beside the poisons' share of the pairs (a flag drawn at random
+    has that precision): the run records both counts, consistent with its data and its precision and recall."""
+    run_dir = micro_runs["otcclip-mosaic-tiny"]
+    audit = json.loads((run_dir / "analysis" / "audit.json").read_text())
+    data = json.loads((run_dir / "analysis" / "data.json").read_text())
+    assert (
+        audit["n_pairs"] == data["n_pairs"] and audit["n_poison"] == data["n_targeted"] + data["n_backdoor"]
+    )
+    hits = audit["precision"] * audit["n_flagged"]  # flagged poisons, read two ways
+    assert hits == pytest.approx(audit["recall"] * audit["n_poison"], abs=1e-6)
+    section = next(s for s in recipe.report_sections(run_dir) if s.title.startswith("Audit"))
+    base = audit["n_poison"] / audit["n_pairs"]
+    assert f"A flag drawn at random has precision {fmt(base)}" in section.text
+    assert section.table[0]["pairs"] == data["n_pairs"]
 
 
 def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_path):

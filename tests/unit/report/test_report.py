@@ -17,6 +17,20 @@ def test_table_markdown_formats_numbers():
     assert "|---|---:|---:|" in md  # numbers right-aligned, text left-aligned
 
 
+def test_table_markdown_keeps_one_row_per_line_and_every_cell_in_its_column():
+    """Generated text holds line breaks and pipes, and column names hold pipes ("rho | count"): escaped, each
+    row of the markdown table has as many cells as its header (GitHub drops a table whose rows disagree)."""
+    rows = [{"rho | count": 0.5, "continuation": "**:\n\nImmediate Action: a | b", "x": "ok"}, {"x": "y|z"}]
+    lines = table_markdown(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+
+    def cells(line: str) -> int:
+        return len(re.split(r"(?<!\\)\|", line)) - 2
+
+    assert {cells(x) for x in lines} == {3}
+    assert "Immediate Action: a \\| b" in lines[2] and "**:<br><br>Immediate" in lines[2]
+
+
 def test_render_embeds_svg_figures_and_renders_markdown(tmp_path):
     plt = pyplot()
     fig, ax = plt.subplots()

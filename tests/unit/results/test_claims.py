@@ -36,6 +36,29 @@ def test_missing_or_non_numeric_keys_are_not_measured_rather_than_false():
     assert claim_summary_keys([c.evaluate({"a": 2, "b": 1})]) == {"claims.c": 1}
 
 
+@pytest.mark.parametrize(
+    "check, summary, holds",
+    [
+        ("{a} >= 0.9 and {b} < {c}", {"a": 0.0, "b": 1.0}, False),  # a fails: c cannot rescue it
+        ("{a} >= 0.9 and {b} < {c}", {"a": 0.95, "b": 1.0}, None),  # c decides
+        ("{a} >= 0.9 or {b} < 1", {"a": 0.95}, True),
+        ("{a} >= 0.9 or {b} < 1", {"a": 0.5}, None),
+        ("not ({a} > 1 and {b} > 1)", {"a": 0.0}, True),
+        ("{a} > 0 and max({a}, {b}) > 1", {"a": -1.0}, False),
+        ("{a} > 0 and {b.ci_lo} > 0", {"a": -1.0}, None),  # a sweep-only claim stays n/a on one run
+    ],
+)
+def test_keys_that_were_measured_decide_when_the_missing_ones_cannot_change_the_verdict(
+    check, summary, holds
+):
+    """Three-valued logic: memorisation that never reached 0.9 fails the claim, though the step where it reached
+    0.5 (another of its keys) does not exist; n/a only where a missing key could still change the verdict."""
+    result = _one(check).evaluate(summary)
+    assert result.holds is holds, result.evidence
+    if holds is not None:
+        assert "decided without the keys it could not read" in result.evidence
+
+
 def test_evidence_shows_the_numbers():
     r = _one("{none.asr} >= 0.5").evaluate({"none.asr": 0.75})
     assert r.evidence == "none.asr=0.75 >= 0.5" and r.verdict == "holds"

@@ -888,6 +888,14 @@ _TRADEOFF_TEXT = (
 )
 
 
+def _parents_first(sections: list[dict]) -> list[dict]:
+    """Top-level timing parts in the order they started, each followed by its direct steps (the timer writes a
+    part when it ends, so a step comes before its parent in the file)."""
+    top = [r for r in sections if r["depth"] == 0]
+    return [x for p in top for x in (p, *(r for r in sections
+                                          if r["depth"] == 1 and r["path"].startswith(p["path"] + "/")))]  # fmt: skip
+
+
 def _tradeoff_section(summaries: list[dict], plt, text: str = _TRADEOFF_TEXT) -> Section | None:
     """The trade-off plot of the models in ``summaries`` (one per seed; flat ``<model>.<key>``); None without any."""
     from reprlab.methods.crl_safety import tradeoff
@@ -1060,10 +1068,10 @@ def report_sections(run_dir: Path) -> list[Section]:
     out.append(Section("Prefilling samples", table=samples, collapsed=True))
     t = run_dir / "timings.json"
     if t.exists():
-        rows = [r for r in loads_strict(t.read_text(encoding="utf-8"))["sections"] if r["depth"] <= 1]
+        rows = _parents_first(loads_strict(t.read_text(encoding="utf-8"))["sections"])
         out.append(Section("Where the time went", "Wall and CPU seconds of this process per part (CPU = every thread; "
-                           "a resumed run counts only what it ran); second-level parts are indented under their "
-                           "parent.", table=[{"part": "  " * r["depth"] + r["path"].split("/")[-1], "wall_s": r["wall_s"],
-                                              "cpu_s": r["cpu_s"], "calls": r["calls"], "cpu_share": r["cpu_share"]}
-                                             for r in rows]))  # fmt: skip
+                           "a resumed run counts only what it ran); a part marked ↳ is a step of the part above it.",
+                           table=[{"part": ("↳ " if r["depth"] else "") + r["path"].split("/")[-1], "wall_s": r["wall_s"],
+                                   "cpu_s": r["cpu_s"], "calls": r["calls"], "cpu_share": r["cpu_share"]}
+                                  for r in rows]))  # fmt: skip
     return out

@@ -49,6 +49,9 @@ def audit_testbed(cfg: Config, run: Run, bed: Testbed, tok: WordTokenizer) -> di
         "precision": flagged["precision"],
         "recall": flagged["recall"],
         "n_flagged": flagged["n_flagged"],
+        "alpha": d.alpha,
+        "n_pairs": len(poison),
+        "n_poison": int(poison.sum()),  # the precision a flag drawn at random would have, times n_pairs
         "precision_at_n_poison": at_n["precision"],
         "ot_max_marginal_error": res.ot_max_marginal_error,
         "ot_converged_share": res.ot_converged_share,

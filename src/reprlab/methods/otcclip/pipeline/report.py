@@ -14,6 +14,7 @@ from reprlab.jsonfile import null_as_nan
 from reprlab.methods.otcclip.data.pairs import BACKDOOR, TARGETED
 from reprlab.report import Section
 from reprlab.report.headline import Headline
+from reprlab.report.render import fmt
 
 # shares of test items or pairs: Wilson intervals over seeds (reprlab.results.intervals)
 SUMMARY_KINDS = {"*.zeroshot_acc": "proportion", "*.linear_probe_acc": "proportion", "*.asr_*": "proportion",
@@ -87,8 +88,10 @@ def report_sections(run_dir: Path) -> list[Section]:
                 if data.get("testbed", "fashion_mnist") in ("fashion_mnist", "fashion_web")
                 else "GENERATED shapes data (not real images)."
             ),
-            "Evaluation: single held-out test items (chance = 1 / #classes). ASR per RoCLIP/CleanCLIP "
-            "definitions. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
+            "Evaluation: single held-out test items (chance = 1 / #classes"
+            + (": 0.10 on Fashion-MNIST's 10" if data.get("testbed", "fashion_mnist") != "shapes" else "")
+            + f"). ASR per RoCLIP/CleanCLIP definitions; the targeted ASR is over {len(data['targets'])} target "
+            f"images, so one run's moves in steps of {1 / max(len(data['targets']), 1):.2f}. Re-matching columns: share of poisoned pairs moved off poison captions / clean pairs "
             "kept on a same-content caption, in the last matching epoch [ours]. Flag columns (OTCCLIP's "
             "consensus flag [ours]): share of poisoned pairs / of all pairs flagged at the end of training.",
         ]
@@ -174,20 +177,21 @@ def report_sections(run_dir: Path) -> list[Section]:
     audit_path = run_dir / "analysis" / "audit.json"
     if audit_path.exists():
         a = json.loads(audit_path.read_text())
+        base = a["n_poison"] / a["n_pairs"] if a.get("n_pairs") else None
+        chance = (f" A flag drawn at random has precision {fmt(base)} (the poisons' share of the pairs); a "
+                  "precision at or below it finds nothing." if base is not None else "")  # fmt: skip
+        row = {"pairs": a.get("n_pairs", "–"), "poisons": a.get("n_poison", "–"), "flagged": a["n_flagged"],
+               "precision": a["precision"], "recall": a["recall"],
+               "precision of the top #poisons": a["precision_at_n_poison"]}  # fmt: skip
         sections.append(
             Section(
                 "Audit of the poisoned training set [ours, beyond the paper]",
                 f"`reprlab otcclip audit` with the model trained under '{a['model']}': a pair is flagged when "
-                "another caption beats its own under S = alpha cos - (1 - alpha) OT distance. Poisons = targeted + "
-                "backdoor pairs. Full ranking: audit/flagged.csv, thumbnails: audit/audit.html.",
-                table=[
-                    {
-                        "flagged": a["n_flagged"],
-                        "precision": a["precision"],
-                        "recall": a["recall"],
-                        "precision@#poisons": a["precision_at_n_poison"],
-                    }
-                ],
+                "another caption beats its own under S = alpha cos - (1 - alpha) OT distance"
+                + (f" (alpha = {a['alpha']})" if "alpha" in a else "")
+                + f". Poisons = targeted + backdoor pairs.{chance} Full ranking: "
+                "audit/flagged.csv, thumbnails: audit/audit.html.",
+                table=[row],
             )
         )
 
