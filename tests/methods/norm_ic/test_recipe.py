@@ -208,3 +208,26 @@ def test_undefined_correlations_read_n_a_in_the_report_tables():
     assert (
         _ci({"spearman": 0.5, "spearman_lo": 0.4, "spearman_hi": 0.6}, "spearman") == "0.500 [0.400, 0.600]"
     )
+
+
+def test_the_report_names_the_models_the_run_read_and_the_ones_it_switched_off(tmp_path):
+    """The setup text follows the run's config: a demo with the decoder off does not describe a decoder it never
+    read, a user's model is named as given, and the KL finding carries its sign against Oyama's positive R²."""
+    import yaml
+
+    from reprlab.methods.norm_ic.report import findings_text, models_text
+
+    cfg = {"encoder": {"enabled": True, "model": "all-minilm-l6-v2", "name": "minilm"},
+           "decoder": {"enabled": False, "model": "smollm2-135m-instruct", "name": "smollm2"}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text("# recipe: normic-tiny\n" + yaml.safe_dump(cfg))
+    text = models_text(tmp_path)
+    assert "encoder MiniLM-L6" in text and "Not run here: decoder SmolLM2" in text and "RMSNorm" not in text
+    cfg["decoder"] = {"enabled": True, "model": "/data/my-llama", "name": "mine"}
+    (tmp_path / "config.yaml").write_text("# recipe: normic-tiny\n" + yaml.safe_dump(cfg))
+    text = models_text(tmp_path)
+    assert "decoder /data/my-llama (mine)" in text and "Not run here" not in text and "RMSNorm" in text
+    fit = {"r2": 0.2, "r2_lo": 0.1, "r2_hi": 0.3, "pearson": -0.45, "pearson_lo": -0.5, "pearson_hi": -0.4}
+    line = findings_text([], {}, {"sgns": {"n": 9, "min_count": 5, "raw": fit}})
+    assert "Pearson r = -0.450" in line and "runs the other way" in line
+    line = findings_text([], {}, {"sgns": {"n": 9, "min_count": 5, "raw": {**fit, "pearson": 0.45}}})
+    assert "runs the other way" not in line

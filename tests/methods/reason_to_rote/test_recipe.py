@@ -211,3 +211,24 @@ def test_dynamics_text_says_only_what_the_curves_show():
     )
     text = _dynamics_words(rows([0.1, 0.6, 0.5], [0.0, 0.1, 0.2]))
     assert "overtakes" not in text and "ends at 0.200 (step 200), below the true-answer rate" in text
+
+
+def test_the_report_says_what_ran_and_when_its_mechanism_numbers_say_nothing(tmp_path):
+    """The report opens with the task, the noise and the model from the run's config; a run that memorised under
+    half of its noisy labels (the demo stops in the generalisation phase) says its mechanism numbers are measured
+    on a model that has not memorised, and a run that memorised does not."""
+    import json
+
+    import yaml
+
+    from reprlab.methods.reason_to_rote.report import setup_text
+
+    cfg = {"task": {"n_train": 4000, "n_test": 1000, "noise_rate": 0.05},
+           "model": {"hf_id": "", "n_layers": 2, "d_model": 64, "n_heads": 4}, "train": {"steps": 10000, "max_steps": 2000}}  # fmt: skip
+    (tmp_path / "config.yaml").write_text("# recipe: rote-fda-tiny\n" + yaml.safe_dump(cfg))
+    for memorised, warned in ((0.0, True), (0.93, False)):
+        (tmp_path / "summary.json").write_text(json.dumps({"noisy_memorized": memorised}))
+        text = setup_text(tmp_path, "four-digit addition (FDA)")
+        assert "4,000 training items" in text and "5 % of training labels noisy" in text
+        assert "our GPT (2 layers, d_model 64, 4 heads)" in text and "at most 2,000 training steps" in text
+        assert ("has not memorised" in text) is warned, text

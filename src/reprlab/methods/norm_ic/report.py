@@ -19,8 +19,9 @@ from reprlab.report.headline import Headline
 
 REFERENCE_TEXT = (
     "Reference figures (the Norm-IC paper's own numbers are unknown): raw static norms against "
-    "unigram IC are expected at r ≈ 0.3–0.65 [ours]; Oyama et al. (2023) report R² ≈ 0.4 (r ≈ 0.63) "
-    "for SGNS on text8 (17M tokens) against self-information; the Zipfian-whitening result files give "
+    "unigram IC are expected at r ≈ 0.3–0.65 [ours]; Oyama et al. (2023) report, for SGNS on text8 (17M "
+    "tokens), R² ≈ 0.4 (r ≈ 0.63) against self-information and R² 0.831 against KL(w), their target, both "
+    "positive (a larger norm, more information); the Zipfian-whitening result files give "
     "Pearson/Spearman 0.33/0.33 (raw) and 0.34/0.34 (Z-centred) for GloVe 840B on its top-500 words; "
     "contextual final-layer norms are expected weak; on synthetic text, mean pooling should flatten, the raw "
     "sum be convex and IND/INF/centred sums near-linear (r with n > 0.95) [ours]. Reasons: docs/norm_ic.md."
@@ -35,12 +36,35 @@ NULL_TEXT = (
     "whether the norm still tracks IC among words with equal piece counts (next to what random pieces give there); "
     "it is shown, not part of the verdict."
 )
-STAND_INS = (
-    "Models: MiniLM-L6 (all-MiniLM-L6-v2) stands in for BERT and SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) "
-    "for LLaMA; ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder) or the state of an "
-    "appended EOS token (decoder), or a sentence-transformers pipeline's own pooling (pooling=model): each "
-    "model's line below says which. Decoder last-layer states are read before the final RMSNorm."
-)
+_STAND_INS = {
+    "all-minilm-l6-v2": "MiniLM-L6 (all-MiniLM-L6-v2), standing in for BERT",
+    "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised), standing in for LLaMA",
+}
+
+
+def models_text(run_dir: Path) -> str:
+    """Which contextual models the run read (a demo may switch one off), what each stands in for, and how its
+    'pooled' vector is made."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    cfg = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}
+    ran, off = [], []
+    for role in ("encoder", "decoder"):
+        part = cfg.get(role) or {}
+        if not part:
+            continue
+        what = _STAND_INS.get(str(part.get("model", "")).lower(), f"{part.get('model')} ({part.get('name')})")
+        (ran if part.get("enabled", True) else off).append(f"{role} {what}")
+    if not ran and not off:
+        return ""
+    text = "Contextual models: " + ("; ".join(ran) if ran else "none") + "."
+    if off:
+        text += " Not run here: " + "; ".join(off) + " (`enabled: false`)."
+    text += " ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder), the state of an appended EOS"
+    text += " token (decoder) or a sentence-transformers pipeline's own pooling (pooling=model)"
+    text += "; decoder last-layer states are read before the final RMSNorm." if any("decoder" in r for r in ran) else "."
+    return text
 
 
 def pooling_text(run_dir: Path) -> str:
@@ -317,9 +341,14 @@ def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
     for name, o in (oyama or {}).items():
         for tag in ("raw", "centred"):
             if tag in o:
+                f = o[tag]
+                sign = ("" if "pearson" not in f or f["pearson"] >= 0
+                        else "; the relation runs the other way: a larger norm, a smaller KL")  # fmt: skip
+                pearson = (f"Pearson r = {f['pearson']:+.3f} [{f['pearson_lo']:+.3f}, {f['pearson_hi']:+.3f}], "
+                           if "pearson" in f else "")  # fmt: skip
                 lines.append(f"- {name} ‖u{'−ū' if tag == 'centred' else ''}‖² vs KL(w) (Oyama's target, n={o['n']}, "
-                             f"n_w ≥ {o['min_count']}): R² = {o[tag]['r2']:.3f} [{o[tag]['r2_lo']:.3f}, "
-                             f"{o[tag]['r2_hi']:.3f}] vs Oyama's 0.831 on 17M tokens.")  # fmt: skip
+                             f"n_w ≥ {o['min_count']}): {pearson}R² = {f['r2']:.3f} [{f['r2_lo']:.3f}, "
+                             f"{f['r2_hi']:.3f}] vs Oyama's positive 0.831 on 17M tokens{sign}.")  # fmt: skip
     ranking = composition_ranking(rows)
     if ranking:
         top = ", ".join(f"{t['composition']} ({t['mean spearman']:.2f})" for t in ranking[:4])
@@ -389,7 +418,7 @@ def build_sections(run_dir: Path) -> list[Section]:
         Section("Setup and reference figures", f"{words['n_eval']} evaluation words stratified over wordfreq Zipf bands; "
                 f"{words['n_fit']} disjoint fit words for centring, whitening, μ (scaled_c) and the SIF PC. "
                 f"IC = −log p(w) from wordfreq in {words['unit']}. CIs: percentile bootstrap over words. "
-                + STAND_INS + " " + pooling_text(run_dir) + "\n\n" + REFERENCE_TEXT),  # fmt: skip
+                + models_text(run_dir) + " " + pooling_text(run_dir) + "\n\n" + REFERENCE_TEXT),  # fmt: skip
         Section("Word level: ‖v‖² against IC (raw norms)",
                 "Each source's best raw composition; every word a dot; the red curve is a LOWESS smoother "
                 "(local linear fits to 30% of the words), not a straight-line fit, since the cloud bends.",
@@ -412,8 +441,8 @@ def build_sections(run_dir: Path) -> list[Section]:
                 "most frequent first, for each source's best raw composition.", table=band_table(scatter, rows),
                 collapsed=True),
         Section("IC sources", "Spearman of each source's best raw composition against wordfreq IC, "
-                "corpus-count IC (add-k) and the decoder's own surprisal of the word after one context token; the "
-                "shuffled-IC interval is chance level at this n.",
+                "corpus-count IC (add-k) and, when a decoder ran, its own surprisal of the word after one context "
+                "token; the shuffled-IC interval is chance level at this n.",
                 table=words.get("ic_sources"), collapsed=True),
     ]  # fmt: skip
     if length:
