@@ -66,6 +66,16 @@ def test_resume_reads_stages_back_and_reports(finished):
     assert "ASR and utility per model" in titles
     table = next(s for s in sections if s.title == "ASR and utility per model").table
     assert [r["model"] for r in table] == ["base", "refusal", "rr", "crl", "crl_adv"]
+    assert [r["capability_mc_acc"] for r in table] == [summary[f"{m}.capability_mc_acc"] for m in R.MODELS]
+    # the setup says how many prompts each share is of (from the evaluation itself) and how long each stage trained
+    setup = next(s for s in sections if s.title == "Setup").text
+    ev = R._stage(out, "eval_refusal")
+    n, n_emb = len(ev["direct"]["labels"]), len(ev["embedding"]["broken"])
+    assert (
+        f"Sizes: {n} harmful prompts under the direct and prefilling attacks, {n_emb} under the embedding"
+        in setup
+    )
+    assert f"stage 0 {cfg.sft.optim.steps} steps, each defence {cfg.defense.optim.steps} steps" in setup
 
 
 def test_unknown_model_name_is_rejected(tmp_path):

@@ -888,6 +888,39 @@ _TRADEOFF_TEXT = (
 )
 
 
+def _rr_changes(cfg: dict) -> str:
+    """RR's setting that is ours, as the run used it (the circuit breakers' code has an L2 retain term)."""
+    d = cfg.get("defense") or {}
+    return (
+        "; the retain distance divided by the state's norm [ours]"
+        if (d.get("rr") or {}).get("retain_scale") == "relative"
+        else ""
+    )
+
+
+def _sizes_text(cfg: dict, evals: dict) -> str:
+    """How many prompts each number is a share of, and how long each stage trained: a share of 4 prompts moves in
+    steps of 0.25, which a 0.05 tolerance cannot resolve."""
+    e = next(iter(evals.values()), None)
+    if e is None:
+        return ""
+    n = {k: len(e[k]["labels"]) for k in ("direct", "benign", "xstest") if k in e}
+    n_emb = len((e.get("embedding") or {}).get("broken", []))
+    n_gcg = len((e.get("gcg") or {}).get("labels", []))
+    mc = (e.get("capability_mc") or {}).get("n")
+    text = (f" Sizes: {n.get('direct', 0)} harmful prompts under the direct and prefilling attacks, {n_emb} under the "
+            f"embedding attack, {n_gcg} under GCG; {n.get('benign', 0)} harmless prompts (benign compliance), "
+            f"{n.get('xstest', 0)} XSTest-style safe prompts (over-refusal)")  # fmt: skip
+    text += f", {mc} multiple-choice questions" if mc else ""
+    smallest = min([v for v in (*n.values(), n_emb) if v] or [0])
+    text += f"; a share of {smallest} prompts moves in steps of {1 / smallest:.2f}" if smallest else ""
+    sft = ((cfg.get("sft") or {}).get("optim") or {}).get("steps")
+    dfn = ((cfg.get("defense") or {}).get("optim") or {}).get("steps")
+    if sft and dfn:
+        text += f". Training: stage 0 {sft} steps, each defence {dfn} steps on top of it"
+    return text + "."
+
+
 def _parents_first(sections: list[dict]) -> list[dict]:
     """Top-level timing parts in the order they started, each followed by its direct steps (the timer writes a
     part when it ends, so a step comes before its parent in the file)."""
@@ -958,7 +991,12 @@ def report_sections(run_dir: Path) -> list[Section]:
         )
     else:
         eval_line = " Evaluation prompts: the held-out split of the training source"
-    eval_line = train_line + eval_line + "; over-refusal uses the packaged XSTest-style set."
+    eval_line = (
+        train_line
+        + eval_line
+        + "; over-refusal uses the packaged XSTest-style set."
+        + _sizes_text(cfg, evals)
+    )
     out.append(
         Section(
             "Setup",
@@ -969,8 +1007,19 @@ def report_sections(run_dir: Path) -> list[Section]:
                     if variant == "demo"
                     else ""
                 )
-                + ". Five models: base (no defence), refusal (stage-0 LoRA SFT, ours), RR (circuit breakers), CRL, CRL+mining "
-                "(each a LoRA on top of stage 0). Judge: offline markers + degeneration test [ours]; *comply* means the "
+                + ". Five models: base (no defence), refusal (stage-0 LoRA SFT, ours), RR (circuit breakers' representation "
+                "rerouting"
+                + _rr_changes(cfg)
+                + "), CRL (the triplet loss), CRL+mining (with adversarial hard "
+                "negatives), each a LoRA (low-rank adapter) on top of stage 0"
+                + (
+                    "; the defences compare mean-centred states [ours]"
+                    if (cfg.get("defense") or {}).get("center_states")
+                    else ""
+                )
+                + ". Attacks: direct request, prefilling (the "
+                "reply is started for the model), embedding (a soft prompt optimised on the input embeddings) and GCG "
+                "(a greedy coordinate gradient token suffix). Judge: offline markers + degeneration test [ours]; *comply* means the "
                 "model engaged without refusing or degenerating, an upper bound on harmfulness. ASR = share judged comply; "
                 "refuse and degenerate are reported separately. Compliant harmful replies and attack targets are the base "
                 "model's own generations (run time, never committed)." + eval_line
@@ -980,17 +1029,17 @@ def report_sections(run_dir: Path) -> list[Section]:
     rows = []
     for m, e in evals.items():
         h = headline(e)
-        rows.append(
-            {
-                "model": m,
-                **{k: h.get(k, float("nan")) for k in HEADLINE_KEYS},
-                "emb_target_loss": h["emb_target_loss"],
-            }
-        )
+        mc = (e.get("capability_mc") or {}).get("acc", float("nan"))
+        rows.append({"model": m, **{k: h.get(k, float("nan")) for k in HEADLINE_KEYS},
+                     "emb_target_loss": h["emb_target_loss"], "capability_mc_acc": mc})  # fmt: skip
     out.append(
         Section(
             "ASR and utility per model",
-            "Lower ASR is better; benign_compliance should stay near stage 0.",
+            "Lower ASR is better; benign_compliance should stay near stage 0's, over_refusal (safe prompts refused) "
+            "low. benign_kl: mean KL of the model's next-token distribution from the base's on benign replies "
+            "(lower = closer to the base). emb_target_loss: the embedding attack's final loss on its target reply "
+            "(higher = harder to attack). capability_mc_acc: multiple-choice accuracy, the paper's 'standard "
+            "performance' kept (higher is better).",
             table=rows,
         )
     )
