@@ -280,3 +280,20 @@ def test_the_default_recipe_runs_all_five_defenses_on_the_web_like_pairs(tmp_pat
     single_run = {n for n in verdicts if n.endswith("_ci")}  # sweeps only: n/a on one run
     assert all(verdicts[n] is None for n in single_run)
     assert all(isinstance(verdicts[n], bool) for n in set(verdicts) - single_run)
+
+
+def test_the_report_says_which_otcclip_the_row_is(micro_runs, tmp_path):
+    """The claims quote the paper's abstract; the report says whether the 'otcclip' row is our re-design (the
+    consensus flag without the swap) or our reconstruction of the paper's swap, from the run's config."""
+    import shutil
+
+    import yaml
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(micro_runs["otcclip-mosaic-tiny"], run_dir)
+    head, body = (run_dir / "config.yaml").read_text().split("\n", 1)
+    cfg = yaml.safe_load(body)
+    for flag, rematch, words in (("consensus", False, "our re-design"), ("none", True, "our reconstruction")):
+        cfg["defense"].update(flag=flag, rematch=rematch)
+        (run_dir / "config.yaml").write_text(head + "\n" + yaml.safe_dump(cfg))
+        assert f"The 'otcclip' row is {words}" in recipe.report_sections(run_dir)[0].text

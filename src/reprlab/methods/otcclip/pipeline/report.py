@@ -113,6 +113,8 @@ def report_sections(run_dir: Path) -> list[Section]:
             f"Gate: undefended CLIP ASR {measured} "
             f"({'attacked' if attacked >= 0.5 else 'NOT successfully attacked'}){zs}."
         )
+    if "otcclip" in results:
+        notes.append(_which_otcclip(run_dir))
     # run folders written before data.json named its testbed were all mosaics; user data (shards, files) is "yours"
     title = "OTCCLIP vs baselines on " + _TESTBED_TITLES.get(
         data.get("testbed", "fashion_mnist"), "your data"
@@ -210,6 +212,27 @@ def report_sections(run_dir: Path) -> list[Section]:
         fig.tight_layout()
         sections.append(Section(f"Re-assigned captions ({d}, last matching epoch)", figure=fig))
     return sections
+
+
+def _which_otcclip(run_dir: Path) -> str:
+    """Whether the 'otcclip' row is our re-design or the reconstruction of the paper's swap (the claims quote the
+    paper's abstract either way)."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    d = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}).get(
+        "defense"
+    ) or {}
+    if d.get("flag", "none") != "none" and not d.get("rematch", True):
+        return ("The 'otcclip' row is our re-design [ours]: a neighbour-consensus flag takes pairs out of the "
+                "cross-modal loss in place of the paper's nearest-caption swap, with OT alignment losses at weight "
+                f"{d.get('lambda_inter')}; the claims quoting the paper's abstract are judged on it "
+                "(docs/otcclip_testbed.md, \"A consensus flag\", which also gives the overrides that run our "
+                "reconstruction of the paper's swap).")  # fmt: skip
+    return (
+        "The 'otcclip' row is our reconstruction of the paper's method from its abstract [ours]: OT-distance "
+        "caption re-matching and OT alignment losses (docs/otcclip.md)."
+    )
 
 
 def folder_notes(data: dict) -> list[str]:
