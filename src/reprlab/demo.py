@@ -105,8 +105,9 @@ def build_demo_report(out: Path) -> tuple[Path, Path]:
         "What ran",
         text=("Each method's **demo variant**: the recipe's tiny CPU config with its `demo` overrides applied "
               "(shorter than the full tiny recipe, so numbers are weaker). Rerun one in full with "
-              "`reprlab run <recipe>`."),
-        table=[{"recipe": e["recipe"], "status": e["status"], "wall_time_s": e.get("wall_time_s"),
+              "`reprlab run <recipe>`. Wall seconds are the whole call, model loading and the report included; "
+              "a run's own `wall_time_s` in its summary.json counts from its start to its summary."),
+        table=[{"recipe": e["recipe"], "status": e["status"], "wall seconds": e.get("wall_time_s"),
                 "demo overrides": " ".join(e.get("overrides", [])) or "(none)"} for e in entries],
         level=2, collapsed=True,
     )  # fmt: skip
