@@ -36,6 +36,23 @@ NULL_TEXT = (
     "whether the norm still tracks IC among words with equal piece counts (next to what random pieces give there); "
     "it is shown, not part of the verdict."
 )
+COMPOSITIONS_TEXT = (
+    "Compositions of a word's subword vectors: sum, mean, first, max; scaled_a/b/c, three readings [ours] of the "
+    "paper's 'scaled embedding average' (√n·mean; the mean's direction at the norm of IND; the sum of vectors "
+    "centred on a fitted mean); ICDS (Amigó et al. 2022) folded left to right: IND (independent: norms add), JOINT "
+    "(minus the shared part), INF (scaled by the norms' ratio), icds_sum and icds_avg, *_rtl folded right to left; "
+    "sif (Arora et al. 2017's frequency weights) and sif_pc (its first principal component removed); pooled, the "
+    "model's own CLS/EOS state. Formulas: compose.py."
+)
+COLUMNS_TEXT = (
+    "Raw norms. spearman / pearson: ρ and r of ‖v‖² with IC and their bootstrap CIs, beside the nulls' ρ (random "
+    "pieces, piece count, shuffled IC) and the verdict. R2 and slope: the straight-line fit of ‖v‖² on IC. C1 dR2 "
+    "quad: what a quadratic term adds to R² (0 = the relation is linear); C1 band rho: ρ between the Zipf "
+    "frequency bands' mean IC and mean ‖v‖² (monotone on average); C2 r(dot,PMI): Pearson r of ⟨v_x, v_y⟩ with "
+    "the PMI of co-occurring word pairs, over C2 pairs of them; anisotropy: ‖E v‖² / E‖v‖² over the fit words "
+    "(0 = isotropic, 1 = every vector the same). C1 and C2 are our readings [ours] of the paper's "
+    "conditions for the correspondence (docs/norm_ic.md)."
+)
 _STAND_INS = {
     "all-minilm-l6-v2": "MiniLM-L6 (all-MiniLM-L6-v2), standing in for BERT",
     "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised), standing in for LLaMA",
@@ -63,7 +80,11 @@ def models_text(run_dir: Path) -> str:
         text += " Not run here: " + "; ".join(off) + " (`enabled: false`)."
     text += " ModernBERT has no offline stand-in. 'pooled' is the CLS state (encoder), the state of an appended EOS"
     text += " token (decoder) or a sentence-transformers pipeline's own pooling (pooling=model)"
-    text += "; decoder last-layer states are read before the final RMSNorm." if any("decoder" in r for r in ran) else "."
+    text += (
+        "; decoder last-layer states are read before the final RMSNorm."
+        if any("decoder" in r for r in ran)
+        else "."
+    )
     return text
 
 
@@ -423,14 +444,14 @@ def build_sections(run_dir: Path) -> list[Section]:
                 "Each source's best raw composition; every word a dot; the red curve is a LOWESS smoother "
                 "(local linear fits to 30% of the words), not a straight-line fit, since the cloud bends.",
                 figure=scatter_figure(scatter, rows),
-                children=[Section("Every source × composition with its nulls", table=correlation_table(rows),
-                                  collapsed=True)]),
+                children=[Section("Every source × composition with its nulls", COLUMNS_TEXT,
+                                  table=correlation_table(rows), collapsed=True)]),
         Section("Which conclusions survive the null baselines", NULL_TEXT + "\n\n" + survival_text(rows)),
         Section("Compositions ranked by how well they preserve the correspondence",
                 "Mean Spearman over the subword sources (input tables and layers); higher is better. Caveat "
                 "[ours]: SIF weights are a/(a + p), a function of frequency itself, so part of SIF's "
                 "correspondence is built in rather than found in the embedding; 'pooled' is the model's "
-                "CLS/EOS state, not a composition of the subwords.",
+                "CLS/EOS state, not a composition of the subwords. " + COMPOSITIONS_TEXT,
                 table=composition_ranking(rows)),
         Section("Normalisations (fitted on the disjoint fit vocabulary)",
                 "Spearman ρ of ‖v‖² with IC after centring/whitening; uniform vs Zipf-weighted. In brackets the "
