@@ -171,10 +171,10 @@ _PROBE_TEXT = "the quick brown fox jumps over the lazy dog"
 
 
 def check_model_files(model_id: str, what: str = "model", weights: bool = True, tokenizer: bool = True,
-                      chat_template: bool = False) -> None:  # fmt: skip
+                      chat_template: bool = False, vocab_size: int | None = None) -> None:  # fmt: skip
     """Preflight of a local model folder, beyond its config (:func:`model_config`): it holds weights (unless
     the model is built from its config), a tokenizer that loads and turns plain text into tokens other than
-    the unknown token (transformers builds an empty vocabulary from a folder without tokenizer files, which
+    the unknown token, inside the config's ``vocab_size`` when given (transformers builds an empty vocabulary from a folder without tokenizer files, which
     silently turns every word into ``[UNK]``, or into nothing), and, where asked, a chat template. Packaged
     aliases, GGUF files and models in the hub cache are left to their loader.
 
@@ -205,6 +205,11 @@ def check_model_files(model_id: str, what: str = "model", weights: bool = True, 
         raise ConfigError(f"{what}={model_id!r}: its tokenizer ({len(tok)} entries) turns plain text into {got}: "
                           "the folder has no tokenizer files, so transformers built an empty vocabulary",
                           "save the tokenizer into the folder (tokenizer.save_pretrained)")  # fmt: skip
+    special = [i for i in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if isinstance(i, int)]
+    if vocab_size is not None and max([*ids, *special]) >= vocab_size:  # another model's tokenizer
+        raise ConfigError(f"{what}={model_id!r}: its tokenizer gives ids up to {max([*ids, *special])}, past the "
+                          f"{vocab_size} embedding rows of its config.json: the tokenizer is another model's",
+                          "save the model's own tokenizer into the folder")  # fmt: skip
     if chat_template and not getattr(tok, "chat_template", None):
         raise ConfigError(f"{what}={model_id!r}: its tokenizer has no chat template, which this recipe formats "
                           "prompts with", "use an instruction-tuned model's folder, or set tokenizer.chat_template "
@@ -218,7 +223,10 @@ def preflight_model(model_id: str, what: str = "model", weights: bool = True, to
     (:func:`check_model_files`)."""
     check_model_available(model_id, what)
     config = model_config(model_id, what)
-    check_model_files(model_id, what, weights, tokenizer, chat_template)
+    vocab = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+    check_model_files(
+        model_id, what, weights, tokenizer, chat_template, vocab if isinstance(vocab, int) else None
+    )
     return config
 
 

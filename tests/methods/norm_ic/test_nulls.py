@@ -148,3 +148,30 @@ def test_normalised_rows_get_a_normalised_random_null():
     )
     assert abs(by["whiten_uniform"]["null_random"] - by["raw"]["null_random"]) > 1e-3  # whitening did act
     assert by["whiten_uniform"]["verdict"] in (-1, 0, 1)
+
+
+def test_constant_norms_get_no_verdict_rather_than_explained_by_a_null():
+    """A CLS state no word can change has constant norms and no ρ: its verdict is undefined (null in summary.json,
+    with its reason; n/a in the report), not "does not survive", which would read as a null explaining it."""
+    from reprlab.jsonfile import with_null_reasons
+    from reprlab.methods.norm_ic.recipe import Config, build_summary, null_reasons
+    from reprlab.methods.norm_ic.report import _verdict_text
+
+    nan = float("nan")
+    row = {"source": "enc_L0", "composition": "pooled", "normalization": "raw", "n": 10, "verdict": 0,
+           "failed": "undefined", "null_random": nan, "piece_count_spearman": 0.3, "null_shuffle_lo": -0.1,
+           "null_shuffle_hi": 0.1, "null_random_partial": nan,
+           **{f"{s}{b}": nan for s in ("spearman", "pearson") for b in ("", "_lo", "_hi")}, "r2": nan,
+           **{f"null_{t}_diff_{b}": nan for t in ("random", "count") for b in ("lo", "hi")},
+           **{f"null_count_partial{b}": nan for b in ("", "_lo", "_hi")}}  # fmt: skip
+    summary = build_summary(Config(), {}, [row])
+    assert np.isnan(summary["enc_L0.pooled.verdict"])
+    written = with_null_reasons(summary, null_reasons(summary))
+    assert (
+        written["enc_L0.pooled.verdict"] is None
+        and "constant norms" in written["enc_L0.pooled.verdict.null_reason"]
+    )
+    assert _verdict_text(row).startswith("n/a (constant norms")
+    assert (
+        _verdict_text({**row, "failed": "shuffled IC", "spearman": 0.05}) == "does not survive (shuffled IC)"
+    )

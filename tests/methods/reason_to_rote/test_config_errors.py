@@ -4,7 +4,6 @@ made where the config alone tells; each printed a traceback, or was silently cha
 import pytest
 from typer.testing import CliRunner
 
-from reprlab.cli import app
 from reprlab.errors import ConfigError
 from reprlab.methods.reason_to_rote.fda import FDAConfig
 from tests.cli_errors import assert_run_refused
@@ -41,22 +40,34 @@ def test_library_callers_get_config_errors_too():
         FDAConfig(n_train=0)
 
 
-def test_neuron_layer_of_a_hf_model_is_checked_once_loaded_before_training(tmp_path):
+def _llama_folder(folder, **kw):
     from transformers import LlamaConfig
 
-    folder = tmp_path / "llama"
-    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=32).save_pretrained(folder)  # fmt: skip
-    out = tmp_path / "out"
-    args = ["run", "rote-fda-tiny", "--out", str(out), f"model.hf_id={folder}", "model.from_config=true",
-            "task.n_train=200", "task.n_test=20", "task.n_val=0", "train.steps=4", "train.eval_every=2",
-            "analysis.probe_items=40", "analysis.circuit_items=5", "analysis.mean_items=10"]  # fmt: skip
-    # (small enough that, were the layer wrapped instead, the whole run would end in seconds and this fail)
-    result = runner.invoke(app, [*args, "analysis.neuron_layer=2"])
-    assert result.exit_code == 2, result.output
-    assert "analysis.neuron_layer=2 is out of range for a model with 2 layers" in result.output
-    assert "Traceback" not in result.output
-    assert not (out / "metrics.jsonl").exists()  # stopped before the first training step
+    LlamaConfig(**{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32, **kw}
+                ).save_pretrained(folder)  # fmt: skip
+    return folder
+
+
+def test_what_a_hf_models_config_decides_is_checked_before_the_run_folder(tmp_path):
+    """The neuron layer against the model's depth, the task's length against its positions, and an architecture
+    the hook sites cannot read (BERT loads as a causal LM, BertLMHeadModel): each read from the config and a
+    weightless copy of the model at preflight. Before, each stopped after the run folder was made, and a
+    re-run into it was refused as an unfinished run."""
+    from transformers import BertConfig
+
+    llama = _llama_folder(tmp_path / "llama")
+    common = [f"model.hf_id={llama}", "model.from_config=true"]
+    assert_run_refused(tmp_path / "o1", "rote-fda-tiny", [*common, "analysis.neuron_layer=2"],
+                       "analysis.neuron_layer=2 is out of range for a model with 2 layers")  # fmt: skip
+    short = _llama_folder(tmp_path / "short", max_position_embeddings=8)
+    assert_run_refused(tmp_path / "o2", "rote-fda-tiny", [f"model.hf_id={short}", "model.from_config=true"],
+                       "takes 8 positions, the task needs 16")  # fmt: skip
+    bert = tmp_path / "bert"
+    BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=64).save_pretrained(bert)  # fmt: skip
+    assert_run_refused(tmp_path / "o3", "rote-fda-tiny", [f"model.hf_id={bert}", "model.from_config=true"],
+                       "is not a causal LM reprlab can hook")  # fmt: skip
 
 
 def test_a_hf_folder_whose_config_does_not_load_stops_before_the_run_folder(tmp_path):

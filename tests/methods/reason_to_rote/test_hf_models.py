@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from reprlab.errors import ConfigError
 from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Vocab, tensorize
 from reprlab.methods.reason_to_rote.fda import FDA_VOCAB, FDAConfig, generate_fda
@@ -274,6 +275,16 @@ def test_token_map_encodes_each_task_token_alone():
     assert new == ["who", "a"] and ids == [259, 260, 2, 2]  # " a" is two bytes too
     with pytest.raises(ValueError, match="task vocabulary"):
         token_map(V, None, "task", vocab_size=10)
+
+
+def test_token_map_refuses_a_tokenizer_whose_ids_pass_the_models_embedding():
+    """A tokenizer from another model gives ids past the embedding: an IndexError mid-run, or, when the id falls
+    among the rows added for new THR words, two task tokens silently sharing one row. Refused, naming the token."""
+    with pytest.raises(ConfigError, match=r"gives '0' the id 51, but the model has 40 embedding rows"):
+        token_map(V, _OneTokenPerByte(), "tokenizer", vocab_size=40)
+    far_eos = type("FarEos", (_OneTokenPerByte,), {"eos_token_id": 300})()
+    with pytest.raises(ConfigError, match=r"gives '<eos>' the id 300, but the model has 259"):
+        token_map(V, far_eos, "tokenizer", vocab_size=259)
 
 
 def test_unrelated_metric_reads_the_models_digit_ids():

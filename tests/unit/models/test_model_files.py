@@ -64,6 +64,19 @@ def test_folders_without_weights_or_a_working_tokenizer_are_refused(tmp_path):
     check_model_files("smollm2-135m-instruct", "model", chat_template=True)  # packaged: left to its loader
 
 
+def test_a_tokenizer_whose_ids_pass_the_models_embedding_is_refused(tmp_path):
+    """Another model's tokenizer in the folder: its ids index past the embedding (an IndexError mid-run, or two
+    words sharing a row). The tiny tokenizer's ids reach 9; a 16-row model passes, an 8-row one does not."""
+    from reprlab.models.hf import preflight_model
+
+    _tokenizer(tmp_path / "bert", chat=False)
+    _bert(tmp_path / "bert")
+    preflight_model(str(tmp_path / "bert"), "encoder.model")
+    check_model_files(str(tmp_path / "bert"), "m", vocab_size=16)
+    with pytest.raises(ConfigError, match=r"gives ids up to 9, past the 8 embedding rows"):
+        check_model_files(str(tmp_path / "bert"), "m", vocab_size=8)
+
+
 def test_recipes_refuse_such_folders_before_the_run_folder(tmp_path):
     bert = _bert(tmp_path / "bert")
     assert_run_refused(tmp_path / "n", "normic-tiny", [f"encoder.model={bert}"], "turns plain text into only")
@@ -83,3 +96,19 @@ def test_crl_layer_specs_are_checked_against_a_folder_models_depth(tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(folder)
     _tokenizer(folder, chat=True)
     assert_run_refused(tmp_path / "c", "crl-tiny", [f"model={folder}"], "does not fit a model with 2 layers")
+
+
+def test_normic_refuses_a_causal_lm_read_as_an_encoder_and_the_reverse(tmp_path):
+    """A causal LM as `encoder.model` ran to exit 0 with 'pooled' = its first token's state, which no word can
+    change under the causal mask; an encoder as `decoder.model` stopped mid-run on a missing EOS. Both are
+    read from the folder's saved classes at preflight."""
+    gpt2 = _gpt2(tmp_path / "gpt2")
+    _tokenizer(tmp_path / "gpt2", chat=False)
+    bert = _bert(tmp_path / "bert")
+    _tokenizer(tmp_path / "bert", chat=False)
+    off = ["static.sgns=false", "static.glove=false", "length.enabled=false"]
+    assert_run_refused(tmp_path / "o1", "normic-tiny", [*off, f"encoder.model={gpt2}", "encoder.layers=[-1]"],
+                       "is a decoder (GPT2LMHeadModel), but encoder.arch='encoder'")  # fmt: skip
+    assert_run_refused(tmp_path / "o2", "normic-tiny", [*off, "encoder.enabled=false", "decoder.enabled=true",
+                                                        f"decoder.model={bert}", "decoder.layers=[-1]"],
+                       "is an encoder (BertModel), but decoder.arch='decoder'")  # fmt: skip

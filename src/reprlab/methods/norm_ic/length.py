@@ -81,6 +81,8 @@ def curve_stats(
     half = len(n) // 2
     s1 = np.polyfit(n[: half + 1], sq[: half + 1], 1)[0]
     s2 = np.polyfit(n[half:], sq[half:], 1)[0]
+    if np.ptp(sq) == 0:  # a constant norm has no shape; fitted slopes of it are rounding noise
+        c2 = s1 = s2 = 0.0
     unit = vectors / np.linalg.norm(vectors, axis=-1, keepdims=True).clip(1e-30)
     cos_final = unit @ unit[-1]
     return {

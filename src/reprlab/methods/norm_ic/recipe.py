@@ -321,6 +321,24 @@ def preflight(cfg: Config) -> None:
         # a GGUF file's depth is checked once it is loaded (model_stage): its metadata takes seconds to parse
         if conf is not None:
             check_layers(mc.layers, config_layers(conf), f"{key}.layers")
+            _check_arch(conf, mc.arch, key, mc.model)
+
+
+def _check_arch(conf, arch: str, key: str, model: str) -> None:
+    """A causal LM read as an encoder gives its first token's state as 'pooled' (a BOS no word can change under
+    the causal mask), and an encoder read as a decoder has no EOS to append: both refused by the saved classes."""
+    from reprlab.errors import ConfigError
+
+    names = list(getattr(conf, "architectures", None) or [])
+    if not names:
+        return
+    causal = any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names)
+    if causal == (arch == "decoder"):
+        return
+    other = "decoder" if causal else "encoder"
+    raise ConfigError(f"{key}.model={model!r} is a{'' if causal else 'n'} {other} ({', '.join(names)}), but "
+                      f"{key}.arch={arch!r}", f"set {key}.arch={other}"
+                      + (" (or give it as decoder.model)" if causal and key == "encoder" else ""))  # fmt: skip
 
 
 def run(cfg: Config, run) -> dict:
@@ -655,7 +673,8 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
 
     Word level, raw norms: ``<source>.<comp>.{spearman,pearson}[_lo|_hi]``, ``.r2``, the nulls
     ``.null_random.spearman``, ``.null_random.diff_{lo,hi}``, ``.null_count.diff_{lo,hi}``,
-    ``.null_shuffle.{lo,hi}``, ``.verdict`` (+1/−1 beyond every null, 0 not), ``<source>.piece_count.spearman``;
+    ``.null_shuffle.{lo,hi}``, ``.verdict`` (+1/−1 beyond every null, 0 not, null for constant norms),
+    ``<source>.piece_count.spearman``;
     normalised: ``<source>.<comp>@<norm>.spearman`` for word/sum/pooled. CER: ``<source>.<comp>.cer_r2[_lo|_hi]``,
     ``.fixed_cos[_lo|_hi]`` (``_natural`` suffix for natural text), ``<source>.cer_r2``; the random-vector
     null is the source ``null_random``; ``<source>.docs_over_context``.
@@ -669,7 +688,10 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
                     summary[f"{key}.{stat}{suffix}"] = row[stat + suffix]
             summary[f"{key}.r2"] = row["r2"]
             if "verdict" in row:
-                summary[f"{key}.verdict"] = row["verdict"]
+                # constant norms have no ρ to test: no verdict (null, with its reason), not "explained by a null"
+                summary[f"{key}.verdict"] = (
+                    float("nan") if row.get("failed") == "undefined" else row["verdict"]
+                )
                 summary[f"{key}.null_random.spearman"] = row["null_random"]
                 for tag in ("random", "count"):
                     for b in ("lo", "hi"):
@@ -683,7 +705,9 @@ def build_summary(cfg: Config, results: dict, rows: list[dict], length: dict | N
         elif row["composition"] in ("word", "sum", "pooled"):  # the rest lives in analysis/words.json
             summary[f"{key}@{row['normalization']}.spearman"] = row["spearman"]
             if "verdict" in row:
-                summary[f"{key}@{row['normalization']}.verdict"] = row["verdict"]
+                summary[f"{key}@{row['normalization']}.verdict"] = (
+                    float("nan") if row.get("failed") == "undefined" else row["verdict"]
+                )
                 summary[f"{key}@{row['normalization']}.null_random.spearman"] = row["null_random"]
     for name, r in results.items():
         for tag in ("raw", "centred"):
@@ -722,7 +746,7 @@ def null_reasons(summary: dict) -> dict[str, str]:
             out[f"{key}.null_reason"] = "'pooled' (the CLS/EOS state) has no random-piece analogue"
         elif ".null_count." in key or key.endswith((".piece_count.spearman", ".word.null_random.partial")):
             out[f"{key}.null_reason"] = "one piece per word: no piece-count null"
-        elif key.endswith((".spearman", ".pearson", ".r2")) or "_lo" in key or "_hi" in key:
+        elif key.endswith((".spearman", ".pearson", ".r2", ".verdict")) or "_lo" in key or "_hi" in key:
             out[f"{key}.null_reason"] = (
                 "constant norms (e.g. a CLS/EOS state no word can change): no correlation"
             )

@@ -119,6 +119,13 @@ def _ci(row: dict, stat: str) -> str:
 VERDICT = {1: "survives (+)", -1: "survives (−)", 0: "does not survive"}
 
 
+def _verdict_text(r: dict) -> str:
+    """A row's verdict against the nulls; n/a where its norms are constant (no ρ to test)."""
+    if r.get("failed") == "undefined":
+        return "n/a (constant norms: no correlation)"
+    return VERDICT[r["verdict"]] + (f" ({r['failed']})" if r["failed"] else "")
+
+
 def _nulls(r: dict) -> dict:
     """The null columns of one raw row (empty when the run had no nulls)."""
     if "verdict" not in r:
@@ -132,7 +139,7 @@ def _nulls(r: dict) -> dict:
             "rho | count [CI]": "n/a" if not np.isfinite(r.get("null_count_partial", np.nan)) else
             f"{r['null_count_partial']:.3f} [{r['null_count_partial_lo']:.3f}, {r['null_count_partial_hi']:.3f}]",
             "rho | count, random pieces": f(r.get("null_random_partial")),
-            "verdict": VERDICT[r["verdict"]] + (f" ({r['failed']})" if r["failed"] else "")}  # fmt: skip
+            "verdict": _verdict_text(r)}  # fmt: skip
 
 
 def correlation_table(rows: list[dict]) -> list[dict]:
@@ -172,14 +179,17 @@ def survival_text(rows: list[dict]) -> str:
         rs = [r for r in raw if r["source"] == src]
         pos = [r["composition"] for r in rs if r["verdict"] == 1]
         neg = [r["composition"] for r in rs if r["verdict"] == -1]
-        gone = [f"{r['composition']} (ρ {_num(r['spearman'], '+.2f')}; {r['failed']}{_partial(r)})" for r in rs if r["verdict"] == 0]  # fmt: skip
+        gone = [f"{r['composition']} (ρ {_num(r['spearman'], '+.2f')}; {r['failed']}{_partial(r)})" for r in rs
+                if r["verdict"] == 0 and r.get("failed") != "undefined"]  # fmt: skip
+        flat = [r["composition"] for r in rs if r.get("failed") == "undefined"]
         pc = rs[0].get("piece_count_spearman")
         pc_txt = (
             f"piece count alone ρ = {pc:+.2f}" if pc is not None and np.isfinite(pc) else "one piece per word"
         )
         lines.append(f"- **{src}** ({pc_txt}): positive correspondence beyond every null: "
                      f"{', '.join(pos) or 'none'}; negative beyond every null: {', '.join(neg) or 'none'}; "
-                     f"explained by a null: {'; '.join(gone) or 'none'}.")  # fmt: skip
+                     f"explained by a null: {'; '.join(gone) or 'none'}"
+                     + (f"; constant norms, no correlation to test: {', '.join(flat)}" if flat else "") + ".")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -356,7 +366,7 @@ def findings_text(rows: list[dict], length: dict, oyama: dict | None) -> str:
     for r in rows:
         if r["composition"] == "word" and r["normalization"] == "raw":
             inside = "inside" if 0.3 <= r["pearson"] <= 0.65 else "outside"
-            null = f"; against the nulls: {VERDICT[r['verdict']]}" if "verdict" in r else ""
+            null = f"; against the nulls: {_verdict_text(r)}" if "verdict" in r else ""
             lines.append(f"- {r['source']} raw ‖v‖² vs IC: Pearson {_ci(r, 'pearson')}, Spearman {_ci(r, 'spearman')} "
                          f"(n={r['n']}); {inside} our expected r ≈ 0.3–0.65 [ours]{null}.")  # fmt: skip
     for name, o in (oyama or {}).items():

@@ -54,8 +54,10 @@ def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     xc = x - x.mean(-1, keepdims=True)
     yc = y - y.mean(-1, keepdims=True)
     den = np.sqrt((xc * xc).sum(-1) * (yc * yc).sum(-1))
+    # a constant row's mean may differ from its values in the last bit, leaving den tiny but positive
+    varies = (np.ptp(x, -1) > 0) & (np.ptp(y, -1) > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, (xc * yc).sum(-1) / den, np.nan)
+        return np.where(varies & (den > 0), (xc * yc).sum(-1) / den, np.nan)
 
 
 def resample_ranks(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -92,6 +94,8 @@ def linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     b, a = np.polyfit(x, y, 1)
     ss_res = float(((y - (a + b * x)) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
+    if np.ptp(y) == 0:  # a constant (see snap_constant): its mean may differ in the last bit, ss_tot is noise
+        return float(a), 0.0, float("nan")
     return float(a), float(b), (1.0 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
 
 

@@ -133,6 +133,43 @@ def check_hf_model(hf_id: str, from_config: bool, tokens: str) -> None:
     preflight_model(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
 
 
+def plan_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: int) -> int:
+    """Every check of :func:`build_lm` that needs no weights, for the recipes' preflight: the config's positions,
+    the token map (each task token one id of the tokenizer, inside the model's embedding), and a layout the hook
+    sites read, on a weightless (meta-device) copy of the architecture. Returns the model's number of blocks.
+
+    Raises:
+        ConfigError: naming ``model.hf_id`` and what does not fit.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reprlab.hooks.sites import n_layers
+    from reprlab.models.hf import _resolve
+
+    if tokens not in TOKEN_MODES:
+        raise ConfigError(f"model.tokens={tokens!r} is not one of {list(TOKEN_MODES)}")
+    mode = _tokens_mode(tokens, from_config)
+    path, kwargs = _resolve(hf_id)
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if n_pos is not None and n_pos < n_ctx:
+        raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
+    if from_config and mode == "task":
+        config.vocab_size = len(vocab)
+    tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
+    token_map(vocab, tokenizer, mode, int(config.vocab_size))
+    try:
+        with torch.device("meta"):
+            shell = AutoModelForCausalLM.from_config(config)
+        return n_layers(shell)
+    except (
+        TypeError,
+        ValueError,
+    ) as err:  # no causal-LM class for it, or a layout the hook sites cannot read
+        raise ConfigError(f"model.hf_id={hf_id!r} ({type(config).__name__}) is not a causal LM reprlab can "
+                          f"hook: {err}", "use a decoder-only causal LM (GPT-2, Llama, Mistral, Qwen style)") from err  # fmt: skip
+
+
 def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list[int], list[str]]:
     """Model id of every task token, and the task tokens that need a new embedding row (module docstring).
 
@@ -156,13 +193,24 @@ def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list
         raise ConfigError("model.tokens=tokenizer: the tokenizer has no EOS token", "use model.tokens=task")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     ids, new = [], []
+
+    def inside(tok: str, i: int) -> int:
+        if (
+            not 0 <= i < vocab_size
+        ):  # the tokenizer is not this model's: the id would index past the embedding
+            raise ConfigError(f"model.tokens=tokenizer: the tokenizer gives {tok!r} the id {i}, but the model "
+                              f"has {vocab_size} embedding rows: its tokenizer and config do not belong together",
+                              "give a folder whose tokenizer matches its config.json vocab_size, or use "
+                              "model.tokens=task")  # fmt: skip
+        return i
+
     for tok in vocab.tokens:
         if tok in ("<eos>", "<pad>"):
-            ids.append(eos if tok == "<eos>" else pad)
+            ids.append(inside(tok, eos if tok == "<eos>" else pad))
             continue
         enc = tokenizer.encode(tok if vocab.tokenizer == "char" else " " + tok, add_special_tokens=False)
         if len(enc) == 1:
-            ids.append(int(enc[0]))
+            ids.append(inside(tok, int(enc[0])))
         elif vocab.tokenizer == "char":
             raise ConfigError(f"model.tokens=tokenizer: the tokenizer splits the task character {tok!r} into "
                               f"{len(enc)} tokens {enc}", "use model.tokens=task (and model.from_config=true)")  # fmt: skip
