@@ -24,7 +24,8 @@ from reprlab.models.hf_lm import HFCausalLM
 
 V = Vocab(FDA_VOCAB, "char")
 # float32, two code paths (our fused qkv + padded SDPA vs HF GPT-2's attention; measured max |Δlogit| ~1e-6):
-# the analyses' numbers must agree to 1e-4, our tolerance for a converted model
+# the analyses' numbers must agree to 1e-4, our tolerance for a converted model, relative above 1: a z-score of
+# 32 is a ratio of float32 sums, and 5e-4 apart between the two paths alone on this AVX2 EPYC (1.5e-5 relative)
 TOL = 1e-4
 
 
@@ -81,7 +82,7 @@ def _close(a, b, path="", off=None):
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]", off)
     elif isinstance(a, (float, int, np.floating, np.integer)) and not isinstance(a, bool):
-        ok = (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL
+        ok = (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL * max(1.0, abs(a))
         if off is not None and not ok:
             off.append((path, a, b))
         else:

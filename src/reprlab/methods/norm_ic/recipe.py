@@ -89,13 +89,15 @@ TEXT_COMPOSITIONS = (
 
 @dataclass(frozen=True)
 class VocabConfig:
-    n_eval: int = field(default=2000, metadata={"help": "evaluation words, stratified over Zipf bands"})
-    n_fit: int = field(
-        default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC"}
+    n_eval: int = field(
+        default=2000, metadata={"help": "evaluation words, stratified over Zipf bands", "ge": 3}
     )
-    top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words"})
-    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words [ours]"})
-    n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands"})
+    n_fit: int = field(
+        default=3000, metadata={"help": "disjoint words for fitting centring/whitening/SIF PC", "ge": 1}
+    )
+    top_k: int = field(default=30000, metadata={"help": "draw from wordfreq's top_k English words", "ge": 1})
+    skip_top: int = field(default=100, metadata={"help": "drop the most frequent words [ours]", "ge": 0})
+    n_bands: int = field(default=10, metadata={"help": "number of equal-width Zipf bands", "ge": 1})
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ class AnalysisConfig:
     compositions: tuple[str, ...] = field(
         default=WORD_COMPOSITIONS, metadata={"help": "subword compositions of a word's pieces (compose.py)"}
     )
-    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for the CIs"})
+    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for the CIs", "ge": 1})
     ci: float = field(default=0.95, metadata={"help": "bootstrap interval level", "gt": 0, "lt": 1})
     sif_a: float = field(default=1e-3, metadata={"help": "SIF's a (Arora et al. default 1e-3)"})
     pmi_window: int = field(default=5, metadata={"help": "window of the PMI-based IC estimate", "ge": 1})
@@ -187,15 +189,15 @@ class AnalysisConfig:
             "help": "random vector per piece: N(0, I/d) or uniform on the sphere (constant norms: n/a for 1-piece words)"
         },
     )
-    n_perm: int = field(default=1000, metadata={"help": "IC shuffles for the shuffled-IC null"})
+    n_perm: int = field(default=1000, metadata={"help": "IC shuffles for the shuffled-IC null", "ge": 1})
 
 
 @dataclass(frozen=True)
 class LengthConfig:
     enabled: bool = field(default=True, metadata={"help": "run the constant-entropy-rate length experiment"})
-    n_docs: int = field(default=6, metadata={"help": "documents per text kind (synthetic, natural)"})
-    n_words: int = field(default=40, metadata={"help": "N, the longest prefix in words"})
-    n_points: int = field(default=10, metadata={"help": "prefix lengths on the grid 1..N"})
+    n_docs: int = field(default=6, metadata={"help": "documents per text kind (synthetic, natural)", "ge": 1})
+    n_words: int = field(default=40, metadata={"help": "N, the longest prefix in words", "ge": 2})
+    n_points: int = field(default=10, metadata={"help": "prefix lengths on the grid 1..N", "ge": 3})
     natural: Literal["lee", "wiki", "none"] = field(
         default="wiki",
         metadata={"help": "natural documents: packaged Wikipedia slice, gensim's Lee corpus, none"},
@@ -314,6 +316,14 @@ def preflight(cfg: Config) -> None:
             raise ConfigError(f"static.glove_path={cfg.static.glove_path!r}: {', '.join(missing)} missing; give a "
                               "folder with glove_6B_50d_emb.npy and glove_6B_index.parquet, '' for the packaged "
                               "copy, or static.glove=false")  # fmt: skip
+        if cfg.static.glove_path:  # a user's table: read and checked now (a second or two), not mid-run
+            table = load_glove(cfg.static.glove_path)
+            enough = sum(w in table for w in candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top))
+            if enough < cfg.vocab.n_eval + cfg.vocab.n_fit:
+                raise ConfigError(f"static.glove_path={cfg.static.glove_path!r}: {enough} of the "
+                                  f"{cfg.vocab.top_k} candidate words are in its table, fewer than vocab.n_eval + "
+                                  f"vocab.n_fit = {cfg.vocab.n_eval + cfg.vocab.n_fit}",
+                                  "give a larger table, or lower vocab.n_eval and vocab.n_fit")  # fmt: skip
     if cfg.allow_download:
         return
     for key, mc in models:

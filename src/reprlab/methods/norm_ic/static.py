@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from reprlab.assets import package_dir
+from reprlab.errors import DataError
 
 log = logging.getLogger(__name__)
 _TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)?")
@@ -67,8 +68,26 @@ def load_glove(root: str | Path | None = None) -> StaticEmbeddings:
         vectors = np.load(emb)
         words = pq.read_table(idx).column("index").to_pylist()
     except Exception as err:  # corrupt npy/parquet: name the folder so the user knows what to reinstall
-        raise ValueError(f"GloVe files in {root} are corrupt: {err}") from err
-    return StaticEmbeddings([str(w) for w in words], vectors.astype(np.float32, copy=False))
+        raise DataError(f"GloVe files in {root} are corrupt: {err}") from err
+    if vectors.ndim != 2 or len(vectors) == 0:
+        raise DataError(
+            f"GloVe file {emb}: expected a (words, dims) array of vectors, got shape {vectors.shape}"
+        )
+    if len(words) != len(vectors):
+        raise DataError(f"GloVe files in {root}: {idx.name} names {len(words)} words but {emb.name} holds "
+                        f"{len(vectors)} vectors")  # fmt: skip
+    bad = ~np.isfinite(vectors).all(1)
+    if bad.any():
+        raise DataError(f"GloVe file {emb}: {int(bad.sum())} of {len(vectors)} vectors hold NaN or infinite "
+                        f"values (e.g. row {int(np.flatnonzero(bad)[0])}, {words[int(np.flatnonzero(bad)[0])]!r})")  # fmt: skip
+    words = [str(w) for w in words]
+    if len(set(words)) < len(words):  # a lookup would silently take the last row
+        from collections import Counter
+
+        twice = [w for w, c in Counter(words).items() if c > 1]
+        many = f"{len(twice)} words appear" if len(twice) > 1 else "1 word appears"
+        raise DataError(f"GloVe file {idx}: {many} more than once (e.g. {twice[:3]}); one vector per word")
+    return StaticEmbeddings(words, vectors.astype(np.float32, copy=False))
 
 
 def tokenize(text: str) -> list[str]:

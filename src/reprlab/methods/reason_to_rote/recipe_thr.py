@@ -219,7 +219,7 @@ def run(cfg: Config, run) -> dict:
         "probe_bridge_acc_noisy_random_model": pr["acc_noisy_random_model"],
         "inlp_memorization_drop": il["memorization_drop"], "inlp_random_drop": il["random_memorization_drop"],
         "inlp_rank": il["rank"], "inlp_clean_train_drop": il["before"]["clean_train_em"] - il["inlp"]["clean_train_em"],
-        "steps": final["steps"], "train_seconds": final["train_seconds"],
+        "steps": final["steps"], "train_seconds": final["train_seconds"], "n_noisy": final["n_noisy"],
     }  # fmt: skip
 
 
