@@ -57,8 +57,11 @@ def exporter_of(run_dir: Path) -> ModuleType:
         raise RunFolderError(f"{run_dir}: recipe {name!r} is not installed ({err})") from err
     if entry not in EXPORTERS:
         methods = ", ".join(sorted(m.split(".")[-2] for m in EXPORTERS))
+        saved = run_dir / "model"
+        hint = (f"{saved} already holds its trained model for transformers (AutoModelForCausalLM.from_pretrained; "
+                "docs/export.md)" if (saved / "config.json").is_file() else None)  # fmt: skip
         raise ConfigError(f"{run_dir} was made by recipe {name!r} ({entry}), which has no exporter; methods with "
-                          f"one: {methods}")  # fmt: skip
+                          f"one: {methods}", hint)  # fmt: skip
     return importlib.import_module(EXPORTERS[entry])
 
 

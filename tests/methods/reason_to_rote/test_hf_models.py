@@ -324,3 +324,48 @@ def test_smollm2_token_map_is_the_tokenizers_own_encoding():
     ids, new = token_map(words, tok, "tokenizer", vocab_size=len(tok))
     assert len(set(ids)) == len(words) - 1  # <eos> and <pad> share the EOS id; every word has its own id
     assert all(i >= len(tok) for i, w in zip(ids, words.tokens) if w in new)
+
+
+def test_the_saved_model_gets_its_tokenizer_only_where_the_tokenizer_encodes_the_task_as_trained(tmp_path):
+    """THR words the tokenizer splits get new embedding rows the tokenizer does not know: saved beside the model,
+    it would split them into its own pieces (" ceo" -> two ids, where the model learnt one row). Then only
+    task_tokens.json maps the words; with every word the tokenizer's own id, the tokenizer is saved."""
+    import json
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from reprlab.methods.reason_to_rote.lm import save_lm
+    from tests.unit.models.test_model_files import _tokenizer
+
+    _tokenizer(tmp_path / "tok", chat=False)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=2))
+    for new, saved in ((["juchoslabs"], False), ([], True)):
+        info = {"tokens": "tokenizer", "new_tokens": new, "token_ids": {"the": 2, "juchoslabs": 10}}
+        out = save_lm(
+            SimpleNamespace(model=SimpleNamespace(hf_model=hf), tokenizer=tok, info=info),
+            tmp_path / str(saved),
+        )
+        assert bool(list((tmp_path / str(saved)).glob("tokenizer*"))) is saved, out
+        assert json.loads((tmp_path / str(saved) / "task_tokens.json").read_text()) == info["token_ids"]
+
+
+def test_reprlab_export_of_a_rote_run_points_at_the_model_it_already_saved(tmp_path):
+    """Rote has no exporter: `reprlab export` names the methods that have one and, where the run trained a HF
+    model, the folder that already holds it (the user looked for it under export)."""
+    from reprlab.errors import ConfigError
+    from reprlab.export import exporter_of
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.yaml").write_text("# recipe: rote-fda-tiny\nseed: 0\n")
+    with pytest.raises(ConfigError, match="which has no exporter") as err:
+        exporter_of(run)
+    assert err.value.hint is None  # our GPT's run: no model folder to point at
+    (run / "model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as err:
+        exporter_of(run)
+    assert f"{run / 'model'} already holds its trained model" in err.value.hint

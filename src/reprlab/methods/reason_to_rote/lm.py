@@ -289,14 +289,16 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
 
 def save_lm(lm: LM, folder) -> dict:
     """Write the trained model where ``transformers`` loads it: ``save_pretrained`` weights and config, the
-    tokenizer when the model reads its ids (``model.tokens=tokenizer``; with the task vocabulary's ids the source
-    folder's tokenizer would not match the model), and ``task_tokens.json`` (the model id of each task token)."""
+    tokenizer when the model reads its ids (``model.tokens=tokenizer`` and no task word given a new row; with the
+    task vocabulary's ids, or new rows, the source folder's tokenizer would not match the model), and
+    ``task_tokens.json`` (the model id of each task token)."""
     import json
     from pathlib import Path
 
     folder = Path(folder)
     lm.model.hf_model.save_pretrained(folder)
-    if lm.tokenizer is not None and lm.info.get("tokens") == "tokenizer":
+    # words given new embedding rows are not in the tokenizer, which would split them into its own pieces
+    if lm.tokenizer is not None and lm.info.get("tokens") == "tokenizer" and not lm.info.get("new_tokens"):
         lm.tokenizer.save_pretrained(folder)
     (folder / "task_tokens.json").write_text(json.dumps(lm.info["token_ids"], indent=1))
     return {"folder": folder.name, "files": sorted(p.name for p in folder.iterdir())}
