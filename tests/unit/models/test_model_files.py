@@ -112,3 +112,25 @@ def test_normic_refuses_a_causal_lm_read_as_an_encoder_and_the_reverse(tmp_path)
     assert_run_refused(tmp_path / "o2", "normic-tiny", [*off, "encoder.enabled=false", "decoder.enabled=true",
                                                         f"decoder.model={bert}", "decoder.layers=[-1]"],
                        "is an encoder (BertModel), but decoder.arch='decoder'")  # fmt: skip
+
+
+def test_normic_warns_when_a_users_model_keeps_the_recipes_label(tmp_path, caplog):
+    """encoder.model set and encoder.name left at the recipe's 'minilm': the summary, tables and paper claims
+    would name the user's model as MiniLM; preflight says so (a warning: a deliberate re-label is allowed)."""
+    import logging
+
+    from reprlab.methods.norm_ic.recipe import preflight
+    from reprlab.recipes import get_recipe
+
+    bert = _bert(tmp_path / "bert")
+    _tokenizer(tmp_path / "bert", chat=False)
+    off = ["static.sgns=false", "static.glove=false", "length.enabled=false", "encoder.layers=[-1]"]
+    with caplog.at_level(logging.WARNING):
+        preflight(get_recipe("normic-tiny").build_config([*off, f"encoder.model={bert}"]))
+    assert "is labelled 'minilm' (encoder.name)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        preflight(
+            get_recipe("normic-tiny").build_config([*off, f"encoder.model={bert}", "encoder.name=mine"])
+        )
+    assert "is labelled" not in caplog.text

@@ -294,6 +294,9 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
 # ---------------------------------------------------------------------------------------------- run
 
 
+_STAND_IN_OF = {"minilm": "all-minilm-l6-v2", "smollm2": "smollm2-135m-instruct"}  # the recipes' labels
+
+
 def preflight(cfg: Config) -> None:
     """Checks that need no work, run before the run folder exists: compositions, models reachable offline."""
     from reprlab.errors import ConfigError
@@ -324,6 +327,14 @@ def preflight(cfg: Config) -> None:
                                   f"{cfg.vocab.top_k} candidate words are in its table, fewer than vocab.n_eval + "
                                   f"vocab.n_fit = {cfg.vocab.n_eval + cfg.vocab.n_fit}",
                                   "give a larger table, or lower vocab.n_eval and vocab.n_fit")  # fmt: skip
+    for key, mc in models:  # a user's model under the recipe's label would be reported as the stand-in
+        default = _STAND_IN_OF.get(mc.name)
+        if default is not None and mc.model.lower() != default:
+            log.warning(
+                "%s.model=%r is labelled %r (%s.name), the label of the recipe's %s: its keys, tables and the "
+                "paper claims that read %s_L* keys will name it so; set %s.name to label it as yours",
+                key, mc.model, mc.name, key, default, mc.name, key,
+            )  # fmt: skip
     if cfg.allow_download:
         return
     for key, mc in models:
