@@ -20,7 +20,8 @@ runner = CliRunner()
         (["task.noise_mode=nosuch"], "task.noise_mode: expected one of ['uniform', 'digit']"),
         (["task.digit_order=nosuch"], "task.digit_order: expected one of ['reversed', 'plain']"),
         (["task.n_train=0"], "task.n_train: must be >= 1, got 0"),
-        (["task.n_test=0"], "task.n_test: must be >= 1, got 0"),
+        (["task.n_test=0"], "task.n_test: must be >= 2, got 0"),
+        (["task.n_test=1"], "task.n_test: must be >= 2, got 1"),  # the probes split the test items in two
         (
             ["task.n_train=1", "task.noise_rate=0.6"],
             "task.n_train=1 with task.noise_rate=0.6 leaves no clean",

@@ -31,7 +31,10 @@ class FDAConfig:
     """Generation parameters of the FDA task (all [ours])."""
 
     n_train: int = field(default=20000, metadata={"help": "training pairs", "ge": 1})
-    n_test: int = field(default=2000, metadata={"help": "clean held-out test pairs", "ge": 1})
+    n_test: int = field(
+        default=2000,
+        metadata={"help": "clean held-out test pairs (2 at least: the probes split them)", "ge": 2},
+    )
     n_val: int = field(
         default=0, metadata={"help": "clean validation pairs for the stopping rule (0 = no split)", "ge": 0}
     )
