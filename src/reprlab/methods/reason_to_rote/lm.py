@@ -154,20 +154,22 @@ def plan_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: int
     n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if n_pos is not None and n_pos < n_ctx:
         raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
-    if from_config and mode == "task":
-        config.vocab_size = len(vocab)
-    tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
-    token_map(vocab, tokenizer, mode, int(config.vocab_size))
+    # the architecture first: a model of the wrong kind (BERT loads as BertLMHeadModel) makes every later
+    # message beside the point (its tokenizer has no EOS, say)
     try:
         with torch.device("meta"):
-            shell = AutoModelForCausalLM.from_config(config)
-        return n_layers(shell)
+            depth = n_layers(AutoModelForCausalLM.from_config(config))
     except (
         TypeError,
         ValueError,
     ) as err:  # no causal-LM class for it, or a layout the hook sites cannot read
         raise ConfigError(f"model.hf_id={hf_id!r} ({type(config).__name__}) is not a causal LM reprlab can "
                           f"hook: {err}", "use a decoder-only causal LM (GPT-2, Llama, Mistral, Qwen style)") from err  # fmt: skip
+    if from_config and mode == "task":
+        config.vocab_size = len(vocab)
+    tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
+    token_map(vocab, tokenizer, mode, int(config.vocab_size))
+    return depth
 
 
 def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list[int], list[str]]:
