@@ -112,4 +112,6 @@ def test_figure_has_a_third_column_only_with_answers(tmp_path):
     assert len(fig.axes) == 6 and fig.axes[2].get_xlabel() == "XSTest-style answered"
     rows = tradeoff.table(tradeoff.points_from_summaries([s]))
     assert rows[1]["xstest_compliance"] == pytest.approx(0.25)
+    assert "setting" not in rows[0]  # one run's points have no setting: no empty column
+    assert tradeoff.table(tradeoff.points_from_summaries([s], "32"))[0]["setting"] == "32"
     plt.close("all")

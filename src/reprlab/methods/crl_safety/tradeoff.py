@@ -154,8 +154,9 @@ def figure(points: Sequence[Point], plt, title: str = ""):
 def table(points: Sequence[Point]) -> list[dict]:
     """One row per point: each key's mean and, over seeds, its interval."""
     rows = []
+    settings = any(p.setting for p in points)  # a run's own points have none: no empty column
     for p in points:
-        row = {"model": p.model, "setting": p.setting, "seeds": p.n_seeds}
+        row = {"model": p.model, **({"setting": p.setting} if settings else {}), "seeds": p.n_seeds}
         for k in Y_KEYS + X_KEYS:
             v = p.values.get(k)
             if v is None:
