@@ -98,6 +98,38 @@ def test_reprlab_aggregate_rebuilds_the_same_summary(sweep, tmp_path):
     assert result.exit_code == 2 and "a run folder given: pass --out" in result.output, result.output
 
 
+def test_aggregate_names_its_runs_so_they_are_found_from_anywhere(sweep, tmp_path, monkeypatch):
+    """aggregate.json names a sweep's own seeds relative to the sweep (it moves as one) and other runs by their
+    absolute paths, so a report rebuilt from another directory still finds them (the command's relative names
+    held only from where it ran); an older file's cwd-relative names still read."""
+    import shutil
+
+    from reprlab.results.aggregate import aggregated_runs
+
+    moved = tmp_path / "project" / "moved"
+    shutil.copytree(sweep, moved)
+    assert _read(moved / "aggregate.json")["runs"] == ["seed-0", "seed-1", "seed-2"]
+    assert [p.name for p in aggregated_runs(moved, _read(moved / "aggregate.json"))] == [
+        "seed-0",
+        "seed-1",
+        "seed-2",
+    ]
+    monkeypatch.chdir(tmp_path / "project")
+    result = runner.invoke(app, ["aggregate", "moved/seed-0", "moved/seed-1", "--out", "agg"])
+    assert result.exit_code == 0, result.output
+    agg = tmp_path / "project" / "agg"
+    want = [str(moved / f"seed-{s}") for s in (0, 1)]
+    assert _read(agg / "aggregate.json")["runs"] == want
+    monkeypatch.chdir(tmp_path)
+    assert [str(p) for p in aggregated_runs(agg, _read(agg / "aggregate.json"))] == want
+    (agg / "report.md").unlink()
+    result = runner.invoke(app, ["report", str(agg)])  # rebuilt from another directory
+    assert result.exit_code == 0 and "seed-1" in (agg / "report.md").read_text(), result.output
+    # the form written before: relative to the directory the aggregate ran in
+    old = {"runs": ["project/moved/seed-0", "project/moved/seed-1"]}
+    assert [str(p.resolve()) for p in aggregated_runs(tmp_path / "elsewhere", old)] == want
+
+
 def test_aggregate_out_never_writes_among_files_it_does_not_own(sweep, tmp_path):
     """--out must be new, empty, or an earlier aggregate: a folder of the user's files and the sweep of
     `reprlab run --seeds` given runs other than its own seeds are refused, and nothing in them changes."""

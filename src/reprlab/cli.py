@@ -87,12 +87,15 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             typer.echo(f"error: {err}", err=True)
             restored = getattr(err, "reprlab_restored", None)
-            if restored is not None:  # the hint would act on the new run, which is gone
+            if restored is not None:
                 typer.echo(
                     f"the --overwrite was undone: {restored} holds its earlier results again", err=True
                 )
-            elif getattr(err, "hint", None):
-                typer.echo(f"hint: {err.hint}", err=True)
+            hint = getattr(err, "hint", None)
+            if hint and not (
+                restored is not None and "--resume" in hint
+            ):  # a resume would continue the old run
+                typer.echo(f"hint: {hint}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             if _debug():

@@ -223,7 +223,11 @@ def preflight_model(model_id: str, what: str = "model", weights: bool = True, to
     (:func:`check_model_files`)."""
     check_model_available(model_id, what)
     config = model_config(model_id, what)
-    vocab = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+    try:  # a composite config (CLIP) gives its text model's; an encoder-decoder's or one with several, none
+        text = None if getattr(config, "is_encoder_decoder", False) else config.get_text_config()
+        vocab = getattr(text, "vocab_size", None)
+    except (ValueError, AttributeError):
+        vocab = None
     check_model_files(
         model_id, what, weights, tokenizer, chat_template, vocab if isinstance(vocab, int) else None
     )

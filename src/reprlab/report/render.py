@@ -121,7 +121,7 @@ def _numeric(rows: Sequence[dict[str, Any]], col: str) -> bool:
 
 def _md_cell(text: str) -> str:
     """A markdown table cell: a pipe or a line break (generated text has both) would end the cell or the row."""
-    return re.sub(r"\r?\n", "<br>", text).replace("|", "\\|")
+    return re.sub(r"\r\n|\r|\n", "<br>", text).replace("|", "\\|")
 
 
 def table_markdown(rows: Sequence[dict[str, Any]]) -> str:

@@ -70,9 +70,11 @@ def read_seed_run(path: Path) -> SeedRun:
 
 
 def stored_run_path(out: Path, run: Path) -> str:
-    """How ``aggregate.json`` names a run: relative to the aggregate's folder, so that moving or copying the two
-    together, or reading them from another directory, keeps the link [ours]."""
-    return os.path.relpath(Path(run).resolve(), Path(out).resolve())
+    """How ``aggregate.json`` names a run [ours]: a run inside the aggregate's folder (a sweep's seeds) relative to
+    it, so the sweep moves or copies as one; any other run by its absolute path, which holds from any directory
+    and after the aggregate moves alone (the command's own relative names held only from where it ran)."""
+    run, out = Path(os.path.abspath(run)), Path(os.path.abspath(out))  # symlinked run folders stay as named
+    return run.relative_to(out).as_posix() if run.is_relative_to(out) else str(run)
 
 
 def aggregated_runs(out: Path, agg: Mapping[str, Any]) -> list[Path]:

@@ -148,7 +148,10 @@ class Claim:
         values, missing = self._check.missing(summary)
         if missing:
             why = _not_measured(missing, summary)
-            decided = None if why.startswith("sweep only") else self._decided_without(values, missing, why)
+            sweep_only = any(
+                k.endswith((".ci_lo", ".ci_hi")) for k in missing
+            )  # a sweep's claim: n/a on one run
+            decided = None if sweep_only else self._decided_without(values, missing, why)
             return decided or ClaimResult(self, None, values, why, reason=why)
         env = self._check.env(values)
         try:
@@ -193,7 +196,10 @@ def _eval3(node: ast.AST, env: dict[str, float]) -> Any:
     names = [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
     if any(n not in env for n in names):
         return None
-    return _eval(node, env)
+    try:
+        return _eval(node, env)
+    except ZeroDivisionError:  # undefined: it decides nothing (the claim is n/a, "division by zero")
+        return None
 
 
 def _explain3(node: ast.AST, env: dict[str, float], keys: Sequence[str]) -> list[str]:

@@ -75,7 +75,11 @@ def test_resume_reads_stages_back_and_reports(finished):
         f"Sizes: {n} harmful prompts under the direct and prefilling attacks, {n_emb} under the embedding"
         in setup
     )
-    assert f"stage 0 {cfg.sft.optim.steps} steps, each defence {cfg.defense.optim.steps} steps" in setup
+    rr = cfg.defense.rr.steps or cfg.defense.optim.steps  # RR's own count where the recipe sets one
+    assert (
+        f"stage 0 {cfg.sft.optim.steps} steps, then on top of it CRL and CRL+mining {cfg.defense.optim.steps} steps each, RR {rr}"
+        in setup
+    )
 
 
 def test_unknown_model_name_is_rejected(tmp_path):

@@ -59,7 +59,7 @@ def _glove(folder, words, vectors):
             "1 of 400 vectors hold NaN",
         ),
         (lambda w, v: ([*w[:-1], w[0]], v), "1 word appears more than once (e.g. ['way'])"),
-        (lambda w, v: (w, v), "400 of the 30000 candidate words are in its table, fewer than"),
+        (lambda w, v: (w, v), "400 of the candidate words (wordfreq's top 30000) are in its table"),
     ],
     ids=["counts", "one-dim", "nan", "duplicate", "too-few-words"],
 )

@@ -293,7 +293,9 @@ def test_the_report_says_which_otcclip_the_row_is(micro_runs, tmp_path):
     shutil.copytree(micro_runs["otcclip-mosaic-tiny"], run_dir)
     head, body = (run_dir / "config.yaml").read_text().split("\n", 1)
     cfg = yaml.safe_load(body)
-    for flag, rematch, words in (("consensus", False, "our re-design"), ("none", True, "our reconstruction")):
+    for flag, rematch, words in (("consensus", False, "our re-design [ours]: a neighbour-consensus"),
+                                 ("consensus", True, "our re-design's flag [ours] with our reconstruction"),
+                                 ("none", True, "our reconstruction")):  # fmt: skip
         cfg["defense"].update(flag=flag, rematch=rematch)
         (run_dir / "config.yaml").write_text(head + "\n" + yaml.safe_dump(cfg))
         assert f"The 'otcclip' row is {words}" in recipe.report_sections(run_dir)[0].text

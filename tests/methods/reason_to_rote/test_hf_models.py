@@ -82,7 +82,8 @@ def _close(a, b, path="", off=None):
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]", off)
     elif isinstance(a, (float, int, np.floating, np.integer)) and not isinstance(a, bool):
-        ok = (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL * max(1.0, abs(a))
+        scale = max(1.0, abs(a)) if isinstance(a, float | np.floating) else 1.0  # counts stay exact to TOL
+        ok = (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL * scale
         if off is not None and not ok:
             off.append((path, a, b))
         else:

@@ -111,7 +111,15 @@ def test_normic_refuses_a_causal_lm_read_as_an_encoder_and_the_reverse(tmp_path)
                        "is a decoder (GPT2LMHeadModel), but encoder.arch='encoder'")  # fmt: skip
     assert_run_refused(tmp_path / "o2", "normic-tiny", [*off, "encoder.enabled=false", "decoder.enabled=true",
                                                         f"decoder.model={bert}", "decoder.layers=[-1]"],
-                       "is an encoder (BertModel), but decoder.arch='decoder'")  # fmt: skip
+                       "is an encoder (bert: BertModel), but decoder.arch='decoder'")  # fmt: skip
+    # a class that is not plainly one or the other (a bare LlamaModel, a multimodal wrapper) is left to the loader
+    from transformers import LlamaConfig
+
+    from reprlab.methods.norm_ic.recipe import _check_arch
+
+    bare = LlamaConfig(architectures=["LlamaModel"])
+    _check_arch(bare, "decoder", "decoder", "m")
+    _check_arch(LlamaConfig(architectures=["Gemma3ForConditionalGeneration"]), "decoder", "decoder", "m")
 
 
 def test_normic_warns_when_a_users_model_keeps_the_recipes_label(tmp_path, caplog):

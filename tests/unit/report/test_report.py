@@ -20,7 +20,10 @@ def test_table_markdown_formats_numbers():
 def test_table_markdown_keeps_one_row_per_line_and_every_cell_in_its_column():
     """Generated text holds line breaks and pipes, and column names hold pipes ("rho | count"): escaped, each
     row of the markdown table has as many cells as its header (GitHub drops a table whose rows disagree)."""
-    rows = [{"rho | count": 0.5, "continuation": "**:\n\nImmediate Action: a | b", "x": "ok"}, {"x": "y|z"}]
+    rows = [
+        {"rho | count": 0.5, "continuation": "**:\n\nImmediate Action: a | b", "x": "ok"},
+        {"x": "y|z\rw"},
+    ]
     lines = table_markdown(rows).splitlines()
     assert len(lines) == 2 + len(rows)
 

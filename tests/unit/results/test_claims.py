@@ -46,6 +46,8 @@ def test_missing_or_non_numeric_keys_are_not_measured_rather_than_false():
         ("not ({a} > 1 and {b} > 1)", {"a": 0.0}, True),
         ("{a} > 0 and max({a}, {b}) > 1", {"a": -1.0}, False),
         ("{a} > 0 and {b.ci_lo} > 0", {"a": -1.0}, None),  # a sweep-only claim stays n/a on one run
+        ("{a} > 0 and {b.ci_lo} > 0 and {c} > 0", {"a": -1.0}, None),  # ... whatever else it misses
+        ("{a} / {b} > 1 and {c} > 0", {"a": 1.0, "b": 0.0}, None),  # an undefined part decides nothing
     ],
 )
 def test_keys_that_were_measured_decide_when_the_missing_ones_cannot_change_the_verdict(

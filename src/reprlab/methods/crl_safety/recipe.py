@@ -912,12 +912,15 @@ def _sizes_text(cfg: dict, evals: dict) -> str:
             f"embedding attack, {n_gcg} under GCG; {n.get('benign', 0)} harmless prompts (benign compliance), "
             f"{n.get('xstest', 0)} XSTest-style safe prompts (over-refusal)")  # fmt: skip
     text += f", {mc} multiple-choice questions" if mc else ""
-    smallest = min([v for v in (*n.values(), n_emb) if v] or [0])
+    smallest = min([v for v in (*n.values(), n_emb, n_gcg) if v] or [0])
     text += f"; a share of {smallest} prompts moves in steps of {1 / smallest:.2f}" if smallest else ""
     sft = ((cfg.get("sft") or {}).get("optim") or {}).get("steps")
     dfn = ((cfg.get("defense") or {}).get("optim") or {}).get("steps")
+    rr = ((cfg.get("defense") or {}).get("rr") or {}).get("steps") or dfn
     if sft and dfn:
-        text += f". Training: stage 0 {sft} steps, each defence {dfn} steps on top of it"
+        text += (
+            f". Training: stage 0 {sft} steps, then on top of it CRL and CRL+mining {dfn} steps each, RR {rr}"
+        )
     return text + "."
 
 

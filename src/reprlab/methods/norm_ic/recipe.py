@@ -294,6 +294,19 @@ def _analyse_words(name, ev, fit, ic, band, p_fit, comps, norms, acfg, pairs, se
 # ---------------------------------------------------------------------------------------------- run
 
 
+_ENCODER_TYPES = {
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "albert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "mpnet",
+    "camembert",
+    "modernbert",
+}  # encoder-only families: no causal LM to append an EOS to
 _STAND_IN_OF = {"minilm": "all-minilm-l6-v2", "smollm2": "smollm2-135m-instruct"}  # the recipes' labels
 
 
@@ -323,8 +336,8 @@ def preflight(cfg: Config) -> None:
             table = load_glove(cfg.static.glove_path)
             enough = sum(w in table for w in candidate_words(cfg.vocab.top_k, cfg.vocab.skip_top))
             if enough < cfg.vocab.n_eval + cfg.vocab.n_fit:
-                raise ConfigError(f"static.glove_path={cfg.static.glove_path!r}: {enough} of the "
-                                  f"{cfg.vocab.top_k} candidate words are in its table, fewer than vocab.n_eval + "
+                raise ConfigError(f"static.glove_path={cfg.static.glove_path!r}: {enough} of the candidate words "
+                                  f"(wordfreq's top {cfg.vocab.top_k}) are in its table, fewer than vocab.n_eval + "
                                   f"vocab.n_fit = {cfg.vocab.n_eval + cfg.vocab.n_fit}",
                                   "give a larger table, or lower vocab.n_eval and vocab.n_fit")  # fmt: skip
     for key, mc in models:  # a user's model under the recipe's label would be reported as the stand-in
@@ -341,25 +354,25 @@ def preflight(cfg: Config) -> None:
         conf = preflight_model(mc.model, f"{key}.model")
         # a GGUF file's depth is checked once it is loaded (model_stage): its metadata takes seconds to parse
         if conf is not None:
-            check_layers(mc.layers, config_layers(conf), f"{key}.layers")
             _check_arch(conf, mc.arch, key, mc.model)
+            check_layers(mc.layers, config_layers(conf), f"{key}.layers")
 
 
 def _check_arch(conf, arch: str, key: str, model: str) -> None:
     """A causal LM read as an encoder gives its first token's state as 'pooled' (a BOS no word can change under
-    the causal mask), and an encoder read as a decoder has no EOS to append: both refused by the saved classes."""
+    the causal mask), and an encoder-only model read as a decoder has no EOS to append: both refused, from the
+    folder's saved classes and model type. Anything less clear (a bare ``LlamaModel``, a multimodal class) passes."""
     from reprlab.errors import ConfigError
 
     names = list(getattr(conf, "architectures", None) or [])
-    if not names:
-        return
     causal = any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names)
-    if causal == (arch == "decoder"):
-        return
-    other = "decoder" if causal else "encoder"
-    raise ConfigError(f"{key}.model={model!r} is a{'' if causal else 'n'} {other} ({', '.join(names)}), but "
-                      f"{key}.arch={arch!r}", f"set {key}.arch={other}"
-                      + (" (or give it as decoder.model)" if causal and key == "encoder" else ""))  # fmt: skip
+    encoder_only = getattr(conf, "model_type", "") in _ENCODER_TYPES and not causal
+    if arch == "encoder" and causal:
+        raise ConfigError(f"{key}.model={model!r} is a decoder ({', '.join(names)}), but {key}.arch='encoder'",
+                          f"set {key}.arch=decoder (or give it as decoder.model)")  # fmt: skip
+    if arch == "decoder" and encoder_only:
+        raise ConfigError(f"{key}.model={model!r} is an encoder ({conf.model_type}: {', '.join(names) or 'no class'}"
+                          f"), but {key}.arch='decoder'", f"set {key}.arch=encoder")  # fmt: skip
 
 
 def run(cfg: Config, run) -> dict:

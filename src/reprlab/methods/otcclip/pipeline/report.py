@@ -223,7 +223,12 @@ def _which_otcclip(run_dir: Path) -> str:
     d = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}).get(
         "defense"
     ) or {}
-    if d.get("flag", "none") != "none" and not d.get("rematch", True):
+    if d.get("flag", "none") != "none" and d.get("rematch", True):
+        return (
+            "The 'otcclip' row is our re-design's flag [ours] with our reconstruction of the paper's "
+            'nearest-caption swap on top (docs/otcclip_testbed.md, "A consensus flag").'
+        )
+    if d.get("flag", "none") != "none":
         return ("The 'otcclip' row is our re-design [ours]: a neighbour-consensus flag takes pairs out of the "
                 "cross-modal loss in place of the paper's nearest-caption swap, with OT alignment losses at weight "
                 f"{d.get('lambda_inter')}; the claims quoting the paper's abstract are judged on it "
