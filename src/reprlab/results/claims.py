@@ -222,6 +222,10 @@ def _not_measured(missing: Sequence[str], summary: Mapping[str, Any]) -> str:
     undefined = [f"{k} ({summary[k + NULL_REASON]})" for k in missing if k + NULL_REASON in summary]
     if undefined:
         return "undefined on this run: " + ", ".join(undefined)
+    if summary and all(k not in summary for k in missing):
+        # a key the run never wrote: often a model, layer or analysis of the recipe's that this run did not have
+        return (f"not measured: {', '.join(missing)} (not in this run's summary: the model, layer or analysis it "
+                "names did not run here)")  # fmt: skip
     return f"not measured: {', '.join(missing)}"
 
 

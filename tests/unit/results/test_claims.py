@@ -142,3 +142,8 @@ def test_n_a_says_why():
     r = _one("{x} > 0").evaluate({"x": None, "x.null_reason": "one piece per word"})
     assert r.reason == "undefined on this run: x (one piece per word)"
     assert _one("{x} > 0").evaluate({}).reason == "not measured: x"
+    # a key a run never wrote (its model was switched off, another depth): said, beside the key
+    assert _one("{minilm_L6.x} > 0").evaluate({"other_L2.x": 1.0}).reason == (
+        "not measured: minilm_L6.x (not in this run's summary: the model, layer or analysis it names did not run "
+        "here)"
+    )
