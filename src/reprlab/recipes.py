@@ -171,6 +171,13 @@ def get_recipe(name: str) -> Recipe:
     return recipes[name]
 
 
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """A run folder's resolved config as written (``config.yaml``) as a plain dict; ``{}`` when it has none. For
+    reports, which read a few keys and must work on folders of older versions (no typed load)."""
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}
+
+
 def recipe_name_of_run(run_dir: Path) -> str | None:
     """The recipe a run folder was made by, from the first line of its config.yaml."""
     path = Path(run_dir) / "config.yaml"

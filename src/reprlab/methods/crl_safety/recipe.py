@@ -954,12 +954,12 @@ def sweep_sections(run_dirs: list[Path]) -> list[Section]:
 
 
 def report_sections(run_dir: Path) -> list[Section]:
-    import yaml
+    from reprlab.recipes import saved_config
 
     plt = pyplot()
 
     run_dir = Path(run_dir)
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    cfg = saved_config(run_dir)
     evals = {m: _stage(run_dir, f"eval_{m}") for m in MODELS}
     evals = {m: e for m, e in evals.items() if e is not None}
     out = []

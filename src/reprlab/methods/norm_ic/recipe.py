@@ -51,7 +51,7 @@ from reprlab.methods.norm_ic.nulls import (
     random_piece_vectors,
     shuffle_interval,
 )  # fmt: skip
-from reprlab.methods.norm_ic.report import headline
+from reprlab.methods.norm_ic.report import STAND_INS, headline
 from reprlab.methods.norm_ic.sources import (
     ItemSet,
     input_items,
@@ -307,7 +307,6 @@ _ENCODER_TYPES = {
     "camembert",
     "modernbert",
 }  # encoder-only families: no causal LM to append an EOS to
-_STAND_IN_OF = {"minilm": "all-minilm-l6-v2", "smollm2": "smollm2-135m-instruct"}  # the recipes' labels
 
 
 def preflight(cfg: Config) -> None:
@@ -341,7 +340,7 @@ def preflight(cfg: Config) -> None:
                                   f"vocab.n_fit = {cfg.vocab.n_eval + cfg.vocab.n_fit}",
                                   "give a larger table, or lower vocab.n_eval and vocab.n_fit")  # fmt: skip
     for key, mc in models:  # a user's model under the recipe's label would be reported as the stand-in
-        default = _STAND_IN_OF.get(mc.name)
+        default = STAND_INS.get(mc.name, (None,))[0]
         if default is not None and mc.model.lower() != default:
             log.warning(
                 "%s.model=%r is labelled %r (%s.name), the label of the recipe's %s: its keys, tables and the "

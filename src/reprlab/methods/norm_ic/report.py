@@ -53,25 +53,29 @@ COLUMNS_TEXT = (
     "(0 = isotropic, 1 = every vector the same). C1 and C2 are our readings [ours] of the paper's "
     "conditions for the correspondence (docs/norm_ic.md)."
 )
-_STAND_INS = {
-    "all-minilm-l6-v2": "MiniLM-L6 (all-MiniLM-L6-v2), standing in for BERT",
-    "smollm2-135m-instruct": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised), standing in for LLaMA",
+# the recipes' labels of their packaged models: (model, what it stands in for)
+STAND_INS = {
+    "minilm": ("all-minilm-l6-v2", "MiniLM-L6 (all-MiniLM-L6-v2), standing in for BERT"),
+    "smollm2": (
+        "smollm2-135m-instruct",
+        "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised), standing in for LLaMA",
+    ),
 }
 
 
 def models_text(run_dir: Path) -> str:
     """Which contextual models the run read (a demo may switch one off), what each stands in for, and how its
     'pooled' vector is made."""
-    import yaml
+    from reprlab.recipes import saved_config
 
-    path = run_dir / "config.yaml"
-    cfg = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}
+    cfg = saved_config(run_dir)
     ran, off = [], []
     for role in ("encoder", "decoder"):
         part = cfg.get(role) or {}
         if not part:
             continue
-        what = _STAND_INS.get(str(part.get("model", "")).lower(), f"{part.get('model')} ({part.get('name')})")
+        model = str(part.get("model", ""))
+        what = next((d for m, d in STAND_INS.values() if m == model.lower()), f"{model} ({part.get('name')})")
         (ran if part.get("enabled", True) else off).append(f"{role} {what}")
     if not ran and not off:
         return ""

@@ -85,8 +85,10 @@ def load_glove(root: str | Path | None = None) -> StaticEmbeddings:
         from collections import Counter
 
         twice = [w for w, c in Counter(words).items() if c > 1]
-        many = f"{len(twice)} words appear" if len(twice) > 1 else "1 word appears"
-        raise DataError(f"GloVe file {idx}: {many} more than once (e.g. {twice[:3]}); one vector per word")
+        from reprlab.report.render import plural
+
+        raise DataError(f"GloVe file {idx}: {plural(len(twice), 'word appears', 'words appear')} more than once "
+                        f"(e.g. {twice[:3]}); one vector per word")  # fmt: skip
     return StaticEmbeddings(words, vectors.astype(np.float32, copy=False))
 
 

@@ -131,10 +131,9 @@ def setup_text(run_dir: Path, task: str) -> str:
     """What was trained on what, from the run's config, and what the run's memorisation lets it say: a run that
     memorised fewer than half of its noisy labels (a demo stops at the generalisation phase) measures every
     mechanism on a model that has not memorised."""
-    import yaml
+    from reprlab.recipes import saved_config
 
-    path = run_dir / "config.yaml"
-    cfg = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}
+    cfg = saved_config(run_dir)
     t, m, tr = cfg.get("task") or {}, cfg.get("model") or {}, cfg.get("train") or {}
     parts = [f"Task: {task}"]
     if t.get("n_train") is not None:

@@ -217,12 +217,9 @@ def report_sections(run_dir: Path) -> list[Section]:
 def _which_otcclip(run_dir: Path) -> str:
     """Whether the 'otcclip' row is our re-design or the reconstruction of the paper's swap (the claims quote the
     paper's abstract either way)."""
-    import yaml
+    from reprlab.recipes import saved_config
 
-    path = run_dir / "config.yaml"
-    d = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}).get(
-        "defense"
-    ) or {}
+    d = saved_config(run_dir).get("defense") or {}
     if d.get("flag", "none") != "none" and d.get("rematch", True):
         return (
             "The 'otcclip' row is our re-design's flag [ours] with our reconstruction of the paper's "
