@@ -75,6 +75,16 @@ def _term_as_interrupt() -> None:
         signal.signal(signal.SIGTERM, _raise)
 
 
+def _undone(err: BaseException) -> str | None:
+    """What to say when the failed command was an ``--overwrite`` whose old results were put back."""
+    restored = getattr(err, "reprlab_restored", None)
+    return (
+        None
+        if restored is None
+        else f"the --overwrite was undone: {restored} holds its earlier results again"
+    )
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Print a :class:`ReprlabError` as one message (and its hint) and exit 2; a bug keeps its traceback."""
 
@@ -86,29 +96,18 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _debug():
                 raise
             typer.echo(f"error: {err}", err=True)
-            restored = getattr(err, "reprlab_restored", None)
-            if restored is not None:
-                typer.echo(
-                    f"the --overwrite was undone: {restored} holds its earlier results again", err=True
-                )
-            hint = getattr(err, "hint", None)
-            if hint and not (
-                restored is not None and "--resume" in hint
-            ):  # a resume would continue the old run
-                typer.echo(f"hint: {hint}", err=True)
+            undone = _undone(err)
+            if undone:
+                typer.echo(undone, err=True)
+            if err.hint and not (undone and "--resume" in err.hint):  # a resume would continue the old run
+                typer.echo(f"hint: {err.hint}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt as err:
             if _debug():
                 raise
             what = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
-            restored = getattr(err, "reprlab_restored", None)
-            if (
-                restored is not None
-            ):  # an --overwrite undone: resuming would continue the old run, not the new
-                typer.echo(f"{what}; the --overwrite was undone: {restored} holds its earlier results again",
-                           err=True)  # fmt: skip
-            else:
-                typer.echo(f"{what}; `reprlab run ... --resume` continues from the last checkpoint", err=True)
+            then = _undone(err) or "`reprlab run ... --resume` continues from the last checkpoint"
+            typer.echo(f"{what}; {then}", err=True)
             raise typer.Exit(143 if isinstance(err, Terminated) else 130) from None
 
     return wrapper

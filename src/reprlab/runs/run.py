@@ -62,30 +62,32 @@ T = TypeVar("T")
 RunExistsError = RunFolderError  # the name older code catches
 
 
-def config_differences(a: Any, b: Any, path: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts, as ``key: a -> b``."""
+def config_differences(a: Any, b: Any, path: str = "", width: int | None = None) -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts, as ``key: a -> b``; each value's repr is
+    cut to ``width`` characters when given."""
+
+    def show(v: Any) -> str:
+        text = repr(v)
+        return text if width is None or len(text) <= width else text[: width - 3] + "..."
+
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for key in sorted(set(a) | set(b), key=str):
             sub = f"{path}.{key}" if path else str(key)
             if key not in a or key not in b:
-                out.append(f"{sub}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+                out.append(f"{sub}: {show(a.get(key, '<absent>'))} -> {show(b.get(key, '<absent>'))}")
             else:
-                out.extend(config_differences(a[key], b[key], sub))
+                out.extend(config_differences(a[key], b[key], sub, width))
         return out
-    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
-
-
-def _short(value: Any, width: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return [] if a == b else [f"{path}: {show(a)} -> {show(b)}"]
 
 
 def _resume_mismatch(run_dir: Path, recipe: str, saved: dict, resolved: dict) -> RunFolderError:
     """The error of a ``--resume`` whose config is not the folder's: another recipe said as such, else the first
     differing keys (values cut short), with the command that made the run when ``env.json`` has it."""
-    first = (run_dir / "config.yaml").read_text(encoding="utf-8").splitlines()[:1]
-    made_by = first[0].split(":", 1)[1].strip() if first and first[0].startswith("# recipe:") else None
+    from reprlab.recipes import recipe_name_of_run
+
+    made_by = recipe_name_of_run(run_dir)
     try:
         command = read_json(run_dir / "env.json").get("command")
     except (OSError, ValueError):
@@ -94,11 +96,7 @@ def _resume_mismatch(run_dir: Path, recipe: str, saved: dict, resolved: dict) ->
            if isinstance(command, list) and command else "resume with the same recipe and overrides")  # fmt: skip
     if made_by and made_by != recipe:
         return RunFolderError(f"--resume: {run_dir} is a run of recipe {made_by}, not {recipe}", hint=how)
-    diffs = []
-    for line in config_differences(saved, resolved)[:5]:
-        key, _, change = line.partition(": ")
-        old, _, new = change.partition(" -> ")
-        diffs.append(f"{key}: {_short(old, 40)} -> {_short(new, 40)}" if len(line) > 90 else line)
+    diffs = config_differences(saved, resolved, width=40)[:5]
     return RunFolderError(
         f"--resume: the config given differs from {run_dir}/config.yaml ({'; '.join(diffs)})", hint=how
     )

@@ -116,44 +116,53 @@ def _load_tokenizer(path: str, kwargs: dict, required: bool, hf_id: str):
 
 def _tokens_mode(tokens: str, from_config: bool) -> str:
     """``model.tokens`` resolved: ``auto`` is ``task`` for a model built from its config, else ``tokenizer``."""
+    if tokens not in TOKEN_MODES:
+        raise ConfigError(f"model.tokens={tokens!r} is not one of {list(TOKEN_MODES)}")
     return ("task" if from_config else "tokenizer") if tokens == "auto" else tokens
 
 
-def check_hf_model(hf_id: str, from_config: bool, tokens: str) -> None:
+def _check_positions(config, hf_id: str, n_ctx: int) -> None:
+    n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if n_pos is not None and n_pos < n_ctx:
+        raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
+
+
+def check_hf_model(hf_id: str, from_config: bool, tokens: str):
     """Preflight of ``model.hf_id`` (FDA and THR alike): available offline, a config that loads, and a folder
     with weights (unless built from its config) and a working tokenizer where the task tokens go through it
     (a folder with a config and weights but no tokenizer files fails here, not after training starts).
 
     Raises:
         ModelNotAvailableError, ConfigError: naming ``model.hf_id`` and what is missing.
+
+    Returns:
+        the model's transformers config (None for a GGUF file, read only by its loader), for :func:`plan_lm`.
     """
     from reprlab.models.hf import preflight_model
 
     needs_tokenizer = _tokens_mode(tokens, from_config) == "tokenizer"
-    preflight_model(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
+    return preflight_model(hf_id, "model.hf_id", weights=not from_config, tokenizer=needs_tokenizer)
 
 
-def plan_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: int) -> int:
-    """Every check of :func:`build_lm` that needs no weights, for the recipes' preflight: the config's positions,
-    the token map (each task token one id of the tokenizer, inside the model's embedding), and a layout the hook
-    sites read, on a weightless (meta-device) copy of the architecture. Returns the model's number of blocks.
+def plan_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: int, config) -> int | None:
+    """Every check of :func:`build_lm` that needs no weights, for the recipes' preflight, on ``config`` (what
+    :func:`check_hf_model` returned): the config's positions, the token map (each task token one id of the
+    tokenizer, inside the model's embedding), and a layout the hook sites read, on a weightless (meta-device) copy
+    of the architecture. Returns the model's number of blocks; None for a GGUF file (no config without parsing
+    it: :func:`build_lm` checks it when it loads).
 
     Raises:
         ConfigError: naming ``model.hf_id`` and what does not fit.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from reprlab.hooks.sites import n_layers
     from reprlab.models.hf import _resolve
 
-    if tokens not in TOKEN_MODES:
-        raise ConfigError(f"model.tokens={tokens!r} is not one of {list(TOKEN_MODES)}")
+    if config is None:
+        return None
     mode = _tokens_mode(tokens, from_config)
-    path, kwargs = _resolve(hf_id)
-    config = AutoConfig.from_pretrained(path, **kwargs)
-    n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if n_pos is not None and n_pos < n_ctx:
-        raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
+    _check_positions(config, hf_id, n_ctx)
     # the architecture first: a model of the wrong kind (BERT loads as BertLMHeadModel) makes every later
     # message beside the point (its tokenizer has no EOS, say)
     try:
@@ -165,11 +174,23 @@ def plan_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: int
     ) as err:  # no causal-LM class for it, or a layout the hook sites cannot read
         raise ConfigError(f"model.hf_id={hf_id!r} ({type(config).__name__}) is not a causal LM reprlab can "
                           f"hook: {err}", "use a decoder-only causal LM (GPT-2, Llama, Mistral, Qwen style)") from err  # fmt: skip
-    if from_config and mode == "task":
-        config.vocab_size = len(vocab)
+    path, kwargs = _resolve(hf_id)
     tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
-    token_map(vocab, tokenizer, mode, int(config.vocab_size))
+    token_map(
+        vocab, tokenizer, mode, len(vocab) if from_config and mode == "task" else int(config.vocab_size)
+    )
     return depth
+
+
+def preflight_lm(model_cfg, ds) -> int | None:
+    """A recipe's preflight of ``model.hf_id`` on the run's own data ``ds`` (generated, deterministic):
+    :func:`check_hf_model`, then :func:`plan_lm` on its config. Returns the model's depth (None for a GGUF)."""
+    from reprlab.methods.reason_to_rote.dataset import tensorize
+
+    config = check_hf_model(model_cfg.hf_id, model_cfg.from_config, model_cfg.tokens)
+    vocab = Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
+    n_ctx = tensorize(ds.splits["train"], vocab).ids.shape[1]
+    return plan_lm(model_cfg.hf_id, model_cfg.from_config, model_cfg.tokens, vocab, n_ctx, config)
 
 
 def token_map(vocab: Vocab, tokenizer, mode: str, vocab_size: int) -> tuple[list[int], list[str]]:
@@ -233,8 +254,6 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
 
     from reprlab.models.hf import _resolve
 
-    if tokens not in TOKEN_MODES:
-        raise ConfigError(f"model.tokens={tokens!r} is not one of {list(TOKEN_MODES)}")
     mode = _tokens_mode(tokens, from_config)
     path, kwargs = _resolve(hf_id)
     tokenizer = _load_tokenizer(path, kwargs, mode == "tokenizer", hf_id)
@@ -255,9 +274,7 @@ def build_lm(hf_id: str, from_config: bool, tokens: str, vocab: Vocab, n_ctx: in
         torch.manual_seed(seed)
         first = load()
         config = first.config
-    n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if n_pos is not None and n_pos < n_ctx:
-        raise ConfigError(f"model.hf_id={hf_id!r} takes {n_pos} positions, the task needs {n_ctx}")
+    _check_positions(config, hf_id, n_ctx)
     base_vocab = int(config.vocab_size)
     ids, new = token_map(vocab, tokenizer, mode, base_vocab)
 

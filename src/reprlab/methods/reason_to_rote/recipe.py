@@ -39,7 +39,7 @@ from reprlab.methods.reason_to_rote import analyses as A
 from reprlab.methods.reason_to_rote.dataset import Batch, Vocab, load_dataset, tensorize
 from reprlab.methods.reason_to_rote.evaluate import answer_matches, evaluate
 from reprlab.methods.reason_to_rote.fda import FDAConfig, cascading_carry, generate_fda, validate_fda_item
-from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, check_hf_model, plan_lm, save_lm
+from reprlab.methods.reason_to_rote.lm import LM, HFOptions, build_lm, preflight_lm, save_lm
 from reprlab.methods.reason_to_rote.train import TrainConfig, run_dist, train
 from reprlab.models.gpt import GPT, GPTConfig
 from reprlab.report.headline import Headline
@@ -170,12 +170,11 @@ def preflight(cfg: Config) -> None:
     """Fail before the run folder exists when the config cannot give noisy items to analyse, names a HF
     model that is not available offline, or a neuron layer our GPT does not have."""
     if cfg.model.hf_id:
-        check_hf_model(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
-        ds = generate_fda(cfg.task, cfg.seed)  # the run's own data (deterministic): its vocabulary and length
-        vocab = Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
-        depth = plan_lm(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens, vocab,
-                        tensorize(ds.splits["train"], vocab).ids.shape[1])  # fmt: skip
-        _neuron_layer(cfg.analysis.neuron_layer, depth, f"model.hf_id={cfg.model.hf_id!r}")
+        depth = preflight_lm(
+            cfg.model, generate_fda(cfg.task, cfg.seed)
+        )  # on the run's own (deterministic) data
+        if depth is not None:  # a GGUF's depth is known once loaded: run() checks it there, before training
+            _neuron_layer(cfg.analysis.neuron_layer, depth, f"model.hf_id={cfg.model.hf_id!r}")
     else:
         _neuron_layer(cfg.analysis.neuron_layer, cfg.model.n_layers, "model.n_layers")
     if cfg.control and round(cfg.task.noise_rate * cfg.task.n_train) == 0:

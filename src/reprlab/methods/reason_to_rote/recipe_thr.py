@@ -76,13 +76,9 @@ def preflight(cfg: Config) -> None:
     """Fail before the run folder exists when ``model.hf_id`` is not available offline, or its folder has a
     config transformers cannot read, no weights, or no tokenizer where the task tokens need one."""
     if cfg.model.hf_id:
-        from reprlab.methods.reason_to_rote.lm import check_hf_model, plan_lm
+        from reprlab.methods.reason_to_rote.lm import preflight_lm
 
-        check_hf_model(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens)
-        ds = generate_thr(cfg.task, cfg.seed)  # the run's own data (deterministic): its vocabulary and length
-        vocab = Vocab(ds.manifest["vocab"], ds.manifest["tokenizer"])
-        plan_lm(cfg.model.hf_id, cfg.model.from_config, cfg.model.tokens, vocab,
-                tensorize(ds.splits["train"], vocab).ids.shape[1])  # fmt: skip
+        preflight_lm(cfg.model, generate_thr(cfg.task, cfg.seed))  # on the run's own (deterministic) data
 
 
 def run(cfg: Config, run) -> dict:
